@@ -172,6 +172,7 @@ def validate(cfg: Config) -> None:
     _check(t.grad_clip >= 0, "train.grad_clip", f"must be >= 0, got {t.grad_clip}")
     _check(t.param_dtype in ("auto", "bf16", "fp32"), "train.param_dtype", f"must be auto|bf16|fp32, got {t.param_dtype!r}")
     _check(t.activation_checkpointing in ("none", "full"), "train.activation_checkpointing", f"must be none|full, got {t.activation_checkpointing!r}")
+    _check(0 <= t.until_step <= t.steps, "train.until_step", f"must be in [0, train.steps={t.steps}], got {t.until_step}")
     _check(t.log_every >= 1, "train.log_every", f"must be >= 1, got {t.log_every}")
     _check(s.min_workers >= 1, "scaling.min_workers", f"must be >= 1, got {s.min_workers}")
     _check(s.max_workers >= s.min_workers, "scaling.max_workers", f"must be >= scaling.min_workers={s.min_workers}, got {s.max_workers}")

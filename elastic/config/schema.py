@@ -92,6 +92,9 @@ class TrainSection:
     # none | full: activation checkpointing per transformer block.
     activation_checkpointing: str = "none"
     log_every: int = 10
+    # Stop this invocation after this step (0 = run to train.steps), checkpointing there; the
+    # same run launched again resumes from it. For time-sliced clusters, tests and drills.
+    until_step: int = 0
 
 
 @dataclass

@@ -113,7 +113,8 @@ def train_loop_per_worker(config: Dict[str, Any]) -> None:
         writer = MetricsWriter(os.path.join(local_dir, "metrics.jsonl"), wb)
     ledger = os.path.join(local_dir, "ledger.jsonl") if cfg.data.ledger else None
 
-    for step in range(start_step, t.steps):
+    stop = t.until_step or t.steps
+    for step in range(start_step, stop):
         t0 = time.perf_counter()
         gb = batches.next()
         data_wait = time.perf_counter() - t0
@@ -147,7 +148,7 @@ def train_loop_per_worker(config: Dict[str, Any]) -> None:
             if (step + 1) % t.log_every == 0 or step == start_step:
                 print(f"[elastic] step {step + 1}/{t.steps} loss {rec['loss']:.4f} lr {lr:.2e} "
                       f"tok/s {rec['tokens_per_s']:.0f} mfu {rec['mfu']:.2%} data_wait {data_wait * 1e3:.0f}ms world {world}")
-        done = step + 1 == t.steps
+        done = step + 1 == stop
         if (step + 1) % cfg.checkpoint.every_steps == 0 or done:
             counters["bad_rows"] = bad_total.to_dict()
             state = {"step": step + 1, "cursor": batches.cursor.to_dict(), "scheduler": sched.state_dict(),
