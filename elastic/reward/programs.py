@@ -85,8 +85,11 @@ def classify(o: RunOutcome, limits: Limits) -> Tuple[str, str]:
 
     Memory evidence relied on: the run cgroup's failcnt/OOM-kill counter, or a failing run
     whose stderr shows an allocation failure (bad_alloc, ENOMEM), or a failing run whose peak
-    RSS reached 90% of the limit (RLIMIT_AS makes allocation fail; a C program then usually
-    dies on a NULL pointer). A failing run with no such evidence is a runtime_error.
+    memory reached 90% of the limit (RLIMIT_AS makes allocation fail; a C program then usually
+    dies on a NULL pointer). Peak memory is the run cgroup's max usage (the wrapper's rusage
+    does not include the namespaced program); without a memory cgroup only the rusage and
+    stderr evidence remain, so such a crash may be reported as runtime_error.
+    A failing run with no such evidence is a runtime_error.
     """
     if o.sandbox_failed:
         return "sandbox_error", o.sandbox_error
@@ -96,9 +99,10 @@ def classify(o: RunOutcome, limits: Limits) -> Tuple[str, str]:
         return "runtime_error", "output limit exceeded"
     if o.ok:
         return "ok", ""
-    near_limit = o.max_rss_kb * 1024 >= 0.9 * (limits.memory_mb << 20)
+    peak = max(o.max_rss_kb * 1024, o.cgroup.max_memory_bytes or 0)
+    near_limit = peak >= 0.9 * (limits.memory_mb << 20)
     if o.cgroup.memory_limit_hit or any(m in o.stderr for m in _OOM_MARKERS) or near_limit:
-        return "memory_limit", f"memory limit {limits.memory_mb} MB exceeded (peak RSS {o.max_rss_kb // 1024} MB)"
+        return "memory_limit", f"memory limit {limits.memory_mb} MB exceeded (peak {peak >> 20} MB)"
     if o.signal == signal.SIGXFSZ:
         return "runtime_error", "file size limit exceeded"
     if o.signal is not None:
