@@ -8,7 +8,7 @@ import time
 import pytest
 
 from elastic.config.schema import RewardSection
-from reward_helpers import FIXTURES, leftover_programs
+from reward_helpers import FIXTURES, leftover_cgroups, leftover_programs, leftover_scratch
 
 
 def fence(lang, src):
@@ -72,3 +72,6 @@ def test_killed_actor_mid_batch(pool):
     again = pool.evaluate_batch(items[:3])
     assert [r.status for r in again] == expected[:3]
     assert leftover_programs() == []
+    # the killed actor could not clean up; its replacement swept its scratch dirs and cgroups
+    assert ray.get(pool.actors[0].pid.remote()) > 0
+    assert leftover_scratch() == [] and leftover_cgroups() == []

@@ -35,6 +35,13 @@ def _own_paths() -> Dict[str, str]:
     return out
 
 
+def _pid_alive(pid: str) -> bool:
+    """Whether the process that owns a resource named after its pid still exists."""
+    if not pid.isdigit():
+        return True  # not ours to judge
+    return os.path.exists(f"/proc/{pid}")
+
+
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
@@ -179,6 +186,18 @@ class CgroupFactory:
                 d.rmdir()
             except OSError:
                 pass
+
+    def sweep_stale(self) -> int:
+        """Remove run cgroups left by a process that died mid-run (e.g. a killed pool actor)."""
+        n = 0
+        for parent in {p for p in (self.pids_parent, self.memory_parent) if p is not None}:
+            for d in parent.glob("elastic-sbx-*"):
+                if _pid_alive(d.name.split("-")[2]):
+                    continue
+                rc = RunCgroup(version=self.version, dirs=[d])
+                rc.remove()
+                n += 1
+        return n
 
     @property
     def pids(self) -> bool:

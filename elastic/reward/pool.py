@@ -52,6 +52,7 @@ class RewardActor:
         return os.getpid()
 
     def evaluate(self, problem: Problem, completion: str) -> Result:
+        self.sandbox.sweep_stale()  # leftovers of a killed predecessor on this node (cheap)
         return evaluate_completion(problem, completion, self.settings, self.sandbox)
 
 

@@ -120,6 +120,19 @@ class Sandbox:
         self.env_allow = list(env_allow)
         self.scratch_root = scratch_root
         self._system_binds = system_binds() if self.iso.wrapper == "bwrap" else []
+        self.sweep_stale()
+
+    def sweep_stale(self) -> None:
+        """Remove scratch dirs and cgroups of sandbox owners that died mid-run (a killed actor
+        cannot clean up after itself; its replacement on the same node does)."""
+        from elastic.reward.cgroups import _pid_alive
+
+        root = Path(self.scratch_root or tempfile.gettempdir())
+        for d in root.glob("elastic-sbx-*"):
+            if not _pid_alive(d.name.split("-")[2]):
+                shutil.rmtree(d, ignore_errors=True)
+        if self.iso.cgroups is not None:
+            self.iso.cgroups.sweep_stale()
 
     @property
     def layers(self) -> Dict[str, object]:
@@ -128,7 +141,7 @@ class Sandbox:
     @contextlib.contextmanager
     def scratch(self) -> Iterator[Path]:
         """A fresh private (0700) scratch directory, removed afterwards whatever happened."""
-        d = Path(tempfile.mkdtemp(prefix="elastic-sbx-", dir=self.scratch_root))
+        d = Path(tempfile.mkdtemp(prefix=f"elastic-sbx-{os.getpid()}-", dir=self.scratch_root))
         try:
             yield d
         finally:
