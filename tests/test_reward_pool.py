@@ -75,3 +75,19 @@ def test_killed_actor_mid_batch(pool):
     # the killed actor could not clean up; its replacement swept its scratch dirs and cgroups
     assert ray.get(pool.actors[0].pid.remote()) > 0
     assert leftover_scratch() == [] and leftover_cgroups() == []
+
+
+def test_item_deadline_is_infra_failure(ray_local, pool, tmp_path):
+    """A stuck evaluation breaches the pool deadline: retried, then sandbox_error (not a verdict)."""
+    from elastic.reward.pool import RewardPool
+
+    section = RewardSection(num_actors=1, item_deadline_s=1.0, max_retries=1, timing_runs=1, warmup_runs=0,
+                            cache_dir=str(tmp_path))
+    slow = RewardPool(section, FIXTURES, problems=pool.problems)
+    try:
+        sleeper = fence("c", "#include <unistd.h>\nint main(void){ for(;;) pause(); }")
+        [r] = slow.evaluate_batch([("pair-sum", sleeper)])
+        assert r.status == "sandbox_error" and "deadline" in r.reason and r.attempts == 2
+        assert slow.replaced == 2
+    finally:
+        slow.shutdown()
