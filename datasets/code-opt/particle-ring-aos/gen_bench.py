@@ -5,7 +5,7 @@ import sys
 
 rng = random.Random(314159)
 L = 1 << 20
-n, T, W = 200000, 100, 300000
+n, T, W = 200000, 150, 300000
 letters = "abcdefghijklmnopqrstuvwxyz"
 colors = ["red", "green", "blue", "cyan", "magenta", "yellow", "black", "white"]
 out = [f"{n} {T} {W}"]
