@@ -8,6 +8,8 @@ For every problem folder this script:
   * compiles reference / fast / wrong with the official flags,
   * runs every test with the problem's checker: reference and fast must pass,
     wrong must fail at least one test,
+  * runs the reference on the example in statement.md (the code blocks after "Input:" and
+    "Output:") and checks it prints the stated output,
   * generates the benchmark input, times reference and fast (median of N runs),
     checks that fast's benchmark output matches the reference's,
   * prints a table and exits non-zero on any violation.
@@ -55,6 +57,9 @@ REF_MIN_S, REF_MAX_S = 0.2, 1.5
 MIN_SPEEDUP = 3.0
 BENCH_MAX_MB, BENCH_SOFT_MB = 40.0, 20.0
 GEN_MAX_S, GEN_SOFT_S = 6.0, 3.0
+
+
+EXAMPLE_RE = re.compile(r"Input:\s*\n```[a-z]*\n(.*?)```.*?Output:\s*\n```[a-z]*\n(.*?)```", re.S)
 
 
 class Invalid(Exception):
@@ -315,6 +320,20 @@ def check_problem(pdir: Path, work: Path, args) -> Report:
     rep.wrong_fails = ",".join(wrong_failed) if wrong_failed else "NONE"
     if not wrong_failed:
         rep.errors.append(f"{wrong_src.relative_to(ROOT)}: passes every test (must fail at least one)")
+
+    # ---- the worked example in statement.md must match the reference
+    text = (pdir / "statement.md").read_text()
+    m = EXAMPLE_RE.search(text)
+    if not m:
+        rep.warnings.append("statement.md has no 'Input:'/'Output:' example to verify")
+    else:
+        ex_in = wdir / "example.in"
+        ex_in.write_text(m.group(1))
+        r = run_prog([str(bins["reference"])], ex_in, timeout=tl, pin=False)
+        ok, why = check_output(checker, r.stdout, m.group(2).encode())
+        if r.rc != 0 or not ok:
+            rep.errors.append(f"{(pdir / 'statement.md').relative_to(ROOT)}: example output does not match "
+                              f"the reference ({why or f'exit code {r.rc}'})")
 
     # ---- benchmark
     bench_in = wdir / "bench.in"
