@@ -5,8 +5,9 @@ rank 0, and the controller's `failure_decision` / `resize_decision` events) and
 `metrics.jsonl` (one record per completed step, with its wall time `time` and `step_s`).
 
 For every start after the first:
-  cause        "failure" if the controller's last decision before it was a failure retry,
-               "resize" if it was a resize; "relaunch" if neither (a new driver resumed it)
+  cause        "failure" if the controller made a failure decision since the previous start
+               (it then also decides a resize to restart), else "resize" if it decided a
+               resize; "relaunch" if neither (a new driver resumed the run)
   recovery_s   from that decision (for a relaunch: from the previous attempt's last step)
                to the first step completed by the new worker group
   steps_redone last step completed before the restart minus the step resumed from
@@ -46,10 +47,11 @@ def analyze(local_dir: str) -> Dict:
         before = [d for d in decisions if prev["time"] <= d["time"] <= cur["time"]]
         done_before = [r for r in steps if prev["time"] <= r["time"] <= cur["time"]]
         last_step = max((r["step"] for r in done_before), default=prev["step"])
-        if before:
-            d = before[-1]
-            cause = "failure" if d["event"] == "failure_decision" else "resize"
-            t0 = d["time"]
+        failures = [d for d in before if d["event"] == "failure_decision"]
+        if failures:  # a failure is followed by the policy's resize decision to restart: failure wins
+            cause, t0 = "failure", failures[0]["time"]
+        elif before:
+            cause, t0 = "resize", before[0]["time"]
         else:
             cause, t0 = "relaunch", max((r["time"] for r in done_before), default=prev["time"])
         after = [r for r in steps if r["time"] >= cur["time"]]

@@ -86,7 +86,10 @@ def train_loop_per_worker(config: Dict[str, Any]) -> None:
             state = ckpt_lib.load(d, model, opt)
         sched.load_state_dict(state["scheduler"])
         start_step, cursor, counters = int(state["step"]), Cursor.from_dict(state["cursor"]), state["counters"]
-    start_time = time.time()
+    # One id per worker-group attempt, shared by all ranks (the ledger groups records by it).
+    ids = [time.time()]
+    dist.broadcast_object_list(ids, src=0)
+    start_time = ids[0]
     counters.setdefault("run_start", start_time)
     counters.setdefault("useful_s", 0.0)  # seconds of steps up to the checkpoint (they count)
     attempt_useful = 0.0

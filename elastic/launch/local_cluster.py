@@ -1,0 +1,125 @@
+"""A real multi-node Ray cluster on one machine: a `ray start --head` plus extra `ray start`
+nodes, each its own raylet in its own process group, so killing a node is a real node loss.
+
+Every port is picked free at start and the cluster has its own temp dir, so several
+clusters (and other Ray users) can share the machine; `stop()` kills exactly this cluster.
+Token authentication is on (as `ray start --head` does by default since Ray 2.52), with a
+token of its own: every node and driver gets RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH
+through `env` (pass `cluster.env` to any process that should reach the cluster).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Node:
+    name: str
+    proc: subprocess.Popen
+    log: str
+
+    def kill(self) -> None:
+        """SIGKILL the node's whole process group: raylet, object store, its workers."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+
+
+@dataclass
+class LocalCluster:
+    head_cpus: float = 2
+    head_resources: Dict[str, float] = field(default_factory=dict)
+    env: Dict[str, str] = field(default_factory=dict)
+    nodes: List[Node] = field(default_factory=list)
+    address: str = ""
+    temp_dir: str = ""
+
+    def _ray(self) -> str:
+        return os.path.join(os.path.dirname(sys.executable), "ray")
+
+    def _ports(self) -> List[str]:
+        extra = []
+        if importlib.util.find_spec("grpc") is not None:  # with ray[client] the head serves Ray Client on 10001
+            extra.append(f"--ray-client-server-port={free_port()}")
+        return extra + [f"--dashboard-agent-listen-port={free_port()}", f"--dashboard-agent-grpc-port={free_port()}",
+                f"--metrics-export-port={free_port()}", f"--runtime-env-agent-port={free_port()}"]
+
+    def _spawn(self, name: str, args: List[str]) -> Node:
+        log = os.path.join(self.temp_dir, f"{name}.log")
+        env = {**os.environ, **self.env}
+        with open(log, "w") as f:
+            p = subprocess.Popen([self._ray(), "start", "--block", *args], stdout=f, stderr=subprocess.STDOUT,
+                                 env=env, start_new_session=True)
+        node = Node(name, p, log)
+        self.nodes.append(node)
+        return node
+
+    def start(self, timeout: float = 90) -> "LocalCluster":
+        # Short path: Ray's unix socket paths must stay under ~107 characters.
+        self.temp_dir = tempfile.mkdtemp(prefix="rc", dir="/tmp")
+        token_path = os.path.join(self.temp_dir, "auth_token")
+        with open(os.open(token_path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(secrets.token_hex(32))
+        self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path)
+        port = free_port()
+        self.address = f"127.0.0.1:{port}"
+        self._spawn("head", ["--head", f"--port={port}", "--node-ip-address=127.0.0.1", f"--num-cpus={self.head_cpus}",
+                             f"--resources={json.dumps(self.head_resources)}", "--include-dashboard=false",
+                             f"--temp-dir={self.temp_dir}",
+                             *self._ports()])
+        self.wait_nodes(1, timeout)
+        return self
+
+    def add_node(self, num_cpus: float = 1, resources: Optional[Dict[str, float]] = None) -> Node:
+        return self._spawn(f"node{len(self.nodes)}", [f"--address={self.address}", "--node-ip-address=127.0.0.1",
+                                                      f"--num-cpus={num_cpus}", f"--resources={json.dumps(resources or {})}",
+                                                      *self._ports()])
+
+    def alive_nodes(self) -> int:
+        """Nodes the GCS reports alive (asked from a short-lived subprocess, not this one)."""
+        code = "import ray; ray.init(address=%r, logging_level='ERROR'); print(sum(n['Alive'] for n in ray.nodes()))" % self.address
+        try:
+            r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env={**os.environ, **self.env})
+        except subprocess.TimeoutExpired:
+            return -1
+        try:
+            return int(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return -1
+
+    def wait_nodes(self, n: int, timeout: float = 90) -> None:
+        end = time.time() + timeout
+        while time.time() < end:
+            head = self.nodes[0].proc if self.nodes else None
+            if head is not None and head.poll() is not None:
+                tail = open(self.nodes[0].log).read().strip().splitlines()[-1:]
+                raise RuntimeError(f"ray head exited with {head.returncode}: {tail} (log {self.nodes[0].log})")
+            if self.alive_nodes() == n:
+                return
+            time.sleep(1)
+        raise TimeoutError(f"cluster did not reach {n} alive nodes in {timeout}s (logs in {self.temp_dir})")
+
+    def stop(self) -> None:
+        for node in reversed(self.nodes):
+            node.kill()
+        self.nodes.clear()
