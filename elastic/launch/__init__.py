@@ -1,0 +1,1 @@
+"""Driver side: builds Ray Train trainers and datasets from a config."""

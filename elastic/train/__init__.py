@@ -1,0 +1,1 @@
+"""Per-worker training: the only layer that knows torch.distributed, FSDP and checkpoints."""

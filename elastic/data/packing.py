@@ -1,0 +1,73 @@
+"""Pack tokenized documents into fixed-length samples without losing or duplicating a token.
+
+Documents (each followed by EOS) are concatenated in order and cut into `seq_len` windows;
+a document may continue into the next sample, where its positions restart (RoPE positions
+stay below `seq_len`, and attention cannot see the part in the previous sample anyway). The last
+window of a shard is padded (padding is its own "document", never trained on). Each token
+carries its document index within the sample and its position within its document, which
+is all attention masking and RoPE need.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+PAD_DOC = -1
+
+
+def pack_documents(docs: Sequence[Sequence[int]], seq_len: int, eos_id: int, pad_id: int) -> Dict[str, np.ndarray]:
+    """docs: token ids per document (without EOS) → arrays with one row per sample:
+    tokens [n, seq_len] int32, positions [n, seq_len] int32, doc_ids [n, seq_len] int32
+    (PAD_DOC for padding), n_real [n] int32."""
+    lens = np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=len(docs))
+    total = int(lens.sum())
+    if total == 0:
+        empty = np.zeros((0, seq_len), np.int32)
+        return {"tokens": empty, "positions": empty.copy(), "doc_ids": empty.copy(), "n_real": np.zeros(0, np.int32)}
+    stream = np.empty(total, np.int32)
+    doc_of = np.repeat(np.arange(len(docs), dtype=np.int64), lens)
+    o = 0
+    for d in docs:
+        n = len(d)
+        stream[o:o + n] = d
+        stream[o + n] = eos_id
+        o += n + 1
+    n_samples = -(-total // seq_len)
+    padded = n_samples * seq_len
+    tokens = np.full(padded, pad_id, np.int32)
+    tokens[:total] = stream
+    doc_ids = np.full(padded, PAD_DOC, np.int64)
+    doc_ids[:total] = doc_of
+    tokens, doc_ids = tokens.reshape(n_samples, seq_len), doc_ids.reshape(n_samples, seq_len)
+    # Renumber documents within each sample from 0 so ids stay small and local.
+    first = np.where(doc_ids[:, :1] >= 0, doc_ids[:, :1], 0)
+    local = np.where(doc_ids >= 0, doc_ids - first, PAD_DOC).astype(np.int32)
+    n_real = (local >= 0).sum(axis=1).astype(np.int32)
+    positions = positions_from_doc_ids(local)
+    return {"tokens": tokens, "positions": positions, "doc_ids": local, "n_real": n_real}
+
+
+def labels_for(tokens: np.ndarray, doc_ids: np.ndarray, ignore_index: int = -100) -> np.ndarray:
+    """Next-token targets that never cross a document boundary or enter padding."""
+    labels = np.full_like(tokens, ignore_index, dtype=np.int64)
+    same = (doc_ids[:, 1:] == doc_ids[:, :-1]) & (doc_ids[:, 1:] >= 0)
+    labels[:, :-1] = np.where(same, tokens[:, 1:], ignore_index)
+    return labels
+
+
+def unpack_tokens(tokens: np.ndarray, doc_ids: np.ndarray) -> List[int]:
+    """All real (non-padding) tokens in order: the inverse of packing, for checks."""
+    return tokens[doc_ids >= 0].tolist()
+
+
+def positions_from_doc_ids(doc_ids: np.ndarray) -> np.ndarray:
+    """Position of each token within its document run in the row (restarts at every run)."""
+    n, T = doc_ids.shape
+    idx = np.broadcast_to(np.arange(T), (n, T))
+    start = np.zeros((n, T), dtype=bool)
+    start[:, 0] = True
+    start[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
+    run_start = np.maximum.accumulate(np.where(start, idx, 0), axis=1)
+    return (idx - run_start).astype(np.int32)

@@ -1,0 +1,155 @@
+"""Build and run the Ray Train job for pretraining: the only place that knows Ray Train's
+driver-side API (TorchTrainer, ScalingConfig, RunConfig, DataConfig).
+
+Order matters: the config is already valid; data planning (source resolution, tokenizer)
+runs next and fails with one line before any worker starts; only then is the trainer built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from elastic.config import Config, run_dir as run_dir_of, to_dict
+from elastic.data.cursor import Cursor
+from elastic.data.pipeline import DataPlan, DatasetFactory, configure_data_context, prepare_data_plan
+from elastic.train import checkpoint as ckpt_lib
+
+
+@dataclass
+class RunPaths:
+    run_dir: str    # checkpoints (storage_path/name; local path or URI)
+    local_dir: str  # metrics.jsonl, events.jsonl, ledger.jsonl, tokenizer.json, wandb
+
+
+def run_paths(cfg: Config) -> RunPaths:
+    rd = run_dir_of(cfg)
+    local = rd if "://" not in rd else os.path.join(tempfile.gettempdir(), "elastic-runs", cfg.run.name)
+    return RunPaths(rd, local)
+
+
+def plan_data(cfg: Config, paths: RunPaths) -> DataPlan:
+    d = cfg.data
+    return prepare_data_plan(d.source, d.glob, d.format, d.text_field, d.tokenizer, d.vocab_size, d.tokenizer_sample_mb,
+                             d.seq_len, d.shard_mb, cfg.run.seed, d.shuffle,
+                             tokenizer_save_path=os.path.join(paths.local_dir, "tokenizer.json"),
+                             tokenize_cpus=d.tokenize_cpus, report_bad_rows=d.report_bad_rows)
+
+
+@dataclass
+class CheckpointCursor:
+    """Data position of the newest complete checkpoint in the run dir (start of stream if none)."""
+
+    run_dir: str
+
+    def __call__(self) -> Cursor:
+        found = ckpt_lib.latest_complete(self.run_dir)
+        return Cursor.from_dict(found[1]["cursor"]) if found else Cursor()
+
+
+def ensure_ray(cfg: Config) -> None:
+    """Connect to the cluster in RAY_ADDRESS (as under `ray job submit`) or a running one;
+    otherwise start a local one with enough logical CPUs for the workers plus data tasks."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    env = {"env_vars": {"PYTHONPATH": os.pathsep.join([os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}}
+    try:
+        ray.init(address="auto", log_to_driver=True)
+        return
+    except (ConnectionError, RuntimeError, ValueError):
+        pass
+    s = cfg.scaling
+    need = int(s.max_workers * s.cpus_per_worker + 2 * cfg.data.tokenize_cpus + 0.999)
+    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False, runtime_env=env)
+
+
+def use_gpu(cfg: Config) -> bool:
+    import ray
+
+    if cfg.scaling.use_gpu in ("true", "false"):
+        return cfg.scaling.use_gpu == "true"
+    return ray.cluster_resources().get("GPU", 0) > 0
+
+
+def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool):
+    import ray.train
+    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    from elastic.train.loop import train_loop_per_worker
+
+    s = cfg.scaling
+    num_workers = s.min_workers if s.min_workers == s.max_workers else (s.min_workers, s.max_workers)
+    resources = {"CPU": s.cpus_per_worker, **s.resources_per_worker}
+    if gpu:
+        resources["GPU"] = 1
+    scaling_kwargs = dict(num_workers=num_workers, use_gpu=gpu, resources_per_worker=resources)
+    if s.min_workers != s.max_workers:
+        scaling_kwargs["elastic_resize_monitor_interval_s"] = s.elastic_resize_monitor_interval_s
+    storage = paths.run_dir.rsplit("/", 1)[0]
+    factory = DatasetFactory(plan=plan, cursor_fn=CheckpointCursor(paths.run_dir), samples_total=cfg.train.steps * cfg.train.global_batch_size)
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"cfg": to_dict(cfg), "plan": plan, "run_dir": paths.run_dir, "local_dir": paths.local_dir, "use_gpu": gpu},
+        scaling_config=ScalingConfig(**scaling_kwargs),
+        run_config=RunConfig(name=cfg.run.name, storage_path=storage,
+                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
+                             failure_config=FailureConfig(max_failures=s.max_failures)),
+        datasets={"train": factory},
+        # Every worker streams the whole (deterministic) sequence and takes its slice of each
+        # global batch: the data order never depends on the world size or block scheduling.
+        dataset_config=DataConfig(datasets_to_split=[]),
+    )
+
+
+@dataclass
+class PretrainResult:
+    run_dir: str
+    local_dir: str
+    wall_s: float
+    checkpoint: Optional[str]
+    summary: dict
+
+
+def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str]) -> dict:
+    recs = []
+    mpath = os.path.join(paths.local_dir, "metrics.jsonl")
+    if os.path.exists(mpath):
+        with open(mpath) as f:
+            recs = [json.loads(line) for line in f if line.strip()]
+    s = {"wall_s": round(wall_s, 1), "checkpoint": checkpoint, "metrics": mpath, "steps_logged": len(recs)}
+    if recs:
+        s.update(first_loss=recs[0]["loss"], last_loss=recs[-1]["loss"], last_step=recs[-1]["step"],
+                 tokens=sum(r["tokens"] for r in recs),
+                 tokens_per_s=sum(r["tokens"] for r in recs) / max(1e-9, sum(r["step_s"] for r in recs)),
+                 mean_mfu=sum(r["mfu"] for r in recs) / len(recs), bad_rows=recs[-1].get("bad_rows", 0))
+    with open(os.path.join(paths.local_dir, "summary.json"), "w") as f:
+        json.dump(s, f, indent=2)
+    return s
+
+
+def run_pretraining(cfg: Config) -> PretrainResult:
+    """Plan data (fails fast), start/attach Ray, fit, summarise. Raises DataError early."""
+    paths = run_paths(cfg)
+    os.makedirs(paths.local_dir, exist_ok=True)
+    t0 = time.time()
+    plan = plan_data(cfg, paths)
+    print(f"[elastic] data: {plan.files} files, {plan.corpus_bytes / 2**20:.1f} MiB in {plan.num_shards} shards; "
+          f"tokenizer vocab {plan.tokenizer.vocab_size} ({plan.tokenizer.bytes_per_token:.2f} bytes/token)")
+    with open(os.path.join(paths.local_dir, "config.json"), "w") as f:
+        json.dump(to_dict(cfg), f, indent=2)
+    ensure_ray(cfg)
+    configure_data_context()  # captured by the trainer and propagated to its workers
+    trainer = build_trainer(cfg, plan, paths, use_gpu(cfg))
+    result = trainer.fit()
+    ckpt = result.checkpoint.path if result.checkpoint is not None else None
+    if result.error is not None:
+        raise result.error
+    wall = time.time() - t0
+    return PretrainResult(paths.run_dir, paths.local_dir, wall, ckpt, summarize(paths, wall, ckpt))
