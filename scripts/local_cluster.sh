@@ -20,6 +20,7 @@
 #   scripts/local_cluster.sh add-node cpu [--cpus N]
 #   scripts/local_cluster.sh remove-node NAME [--kill]   # SIGTERM (graceful) or SIGKILL (crash)
 #   scripts/local_cluster.sh status | nodes | stop
+#   scripts/local_cluster.sh pids [NAME]                 # PIDs of the cluster's (a node's) processes
 #   eval "$(scripts/local_cluster.sh env)"               # RAY_ADDRESS, RAY_AUTH_MODE, token path
 # Options (any command): --dir DIR, or ELASTIC_CLUSTER_DIR.
 set -euo pipefail
@@ -222,6 +223,7 @@ main() {
     add-node) cmd_add_node "$@" ;;
     remove-node) cmd_remove_node "$@" ;;
     nodes) cmd_nodes ;;
+    pids) if [[ -n "${1:-}" ]]; then node_pids "$DIR/$1"; else node_pids "$DIR/"; fi ;;
     status) eval "$(env_lines)"; "$RAY" status --address "$(cat "$DIR/address")" ;;
     env) env_lines ;;
     stop) cmd_stop ;;
