@@ -172,6 +172,7 @@ def validate(cfg: Config) -> None:
     _check(t.grad_clip >= 0, "train.grad_clip", f"must be >= 0, got {t.grad_clip}")
     _check(t.param_dtype in ("auto", "bf16", "fp32"), "train.param_dtype", f"must be auto|bf16|fp32, got {t.param_dtype!r}")
     _check(t.activation_checkpointing in ("none", "full"), "train.activation_checkpointing", f"must be none|full, got {t.activation_checkpointing!r}")
+    _check(0 <= t.until_step <= t.steps, "train.until_step", f"must be in [0, train.steps={t.steps}], got {t.until_step}")
     _check(t.log_every >= 1, "train.log_every", f"must be >= 1, got {t.log_every}")
     _check(s.min_workers >= 1, "scaling.min_workers", f"must be >= 1, got {s.min_workers}")
     _check(s.max_workers >= s.min_workers, "scaling.max_workers", f"must be >= scaling.min_workers={s.min_workers}, got {s.max_workers}")
@@ -195,6 +196,17 @@ def validate(cfg: Config) -> None:
     r = cfg.reward
     _check(r.num_actors >= 1, "reward.num_actors", f"must be >= 1, got {r.num_actors}")
     _check(r.timing in ("wall", "instructions"), "reward.timing", f"must be wall|instructions, got {r.timing!r}")
+    _check(r.max_in_flight_per_actor >= 1, "reward.max_in_flight_per_actor", f"must be >= 1, got {r.max_in_flight_per_actor}")
+    _check(r.item_deadline_s > 0, "reward.item_deadline_s", f"must be > 0, got {r.item_deadline_s}")
+    _check(r.max_retries >= 0, "reward.max_retries", f"must be >= 0, got {r.max_retries}")
+    _check(r.timing_runs >= 1, "reward.timing_runs", f"must be >= 1, got {r.timing_runs}")
+    _check(r.warmup_runs >= 0, "reward.warmup_runs", f"must be >= 0, got {r.warmup_runs}")
+    _check(0 <= r.reward_floor < 1, "reward.reward_floor", f"must be in [0, 1), got {r.reward_floor}")
+    _check(r.failure_reward <= r.reward_floor, "reward.failure_reward",
+           f"must be <= reward.reward_floor={r.reward_floor} (a failing program may not beat a correct one), got {r.failure_reward}")
+    _check(r.speedup_scale > 0, "reward.speedup_scale", f"must be > 0, got {r.speedup_scale}")
+    _check(r.compile_time_limit_s > 0, "reward.compile_time_limit_s", f"must be > 0, got {r.compile_time_limit_s}")
+    _check(r.instructions_time_limit_s > 0, "reward.instructions_time_limit_s", f"must be > 0, got {r.instructions_time_limit_s}")
 
 
 def resolved_model_dims(cfg: Config) -> Dict[str, Any]:

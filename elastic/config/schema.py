@@ -92,6 +92,9 @@ class TrainSection:
     # none | full: activation checkpointing per transformer block.
     activation_checkpointing: str = "none"
     log_every: int = 10
+    # Stop this invocation after this step (0 = run to train.steps), checkpointing there; the
+    # same run launched again resumes from it. For time-sliced clusters, tests and drills.
+    until_step: int = 0
 
 
 @dataclass
@@ -135,9 +138,23 @@ class RewardSection:
     max_in_flight_per_actor: int = 2
     item_deadline_s: float = 120.0
     max_retries: int = 2
+    # wall | instructions (perf stat where the kernel counts, else valgrind callgrind).
     timing: str = "wall"
+    # Wall mode: timed runs (median taken) after `warmup_runs` untimed ones.
     timing_runs: int = 5
+    warmup_runs: int = 1
+    # Reward of any program that fails (compile/test/limits); must be below reward_floor.
     failure_reward: float = 0.0
+    # Correct programs get reward_floor + (1 - reward_floor) * (1 + tanh(log2(speedup) / speedup_scale)) / 2.
+    reward_floor: float = 0.1
+    speedup_scale: float = 2.0
+    # Bench inputs and reference timings (per problem hash and machine); empty: ~/.cache/elastic/reward.
+    cache_dir: str = ""
+    compile_time_limit_s: float = 30.0
+    # Wall limit of one instruction-counted run (valgrind is ~50x slower than native).
+    instructions_time_limit_s: float = 120.0
+    # Environment variables passed into the sandbox (nothing else is inherited).
+    env_allow: List[str] = field(default_factory=list)
 
 
 @dataclass

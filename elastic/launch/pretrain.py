@@ -59,11 +59,15 @@ def ensure_ray(cfg: Config) -> None:
     if ray.is_initialized():
         return
     env = {"env_vars": {"PYTHONPATH": os.pathsep.join([os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}}
-    try:
-        ray.init(address="auto", log_to_driver=True)
+    if os.environ.get("RAY_ADDRESS", "") not in ("", "local"):
+        ray.init(log_to_driver=True)  # the given cluster, e.g. under `ray job submit`
         return
-    except (ConnectionError, RuntimeError, ValueError):
-        pass
+    if not os.environ.get("RAY_ADDRESS"):
+        try:
+            ray.init(address="auto", log_to_driver=True)  # a cluster started with `ray start`
+            return
+        except (ConnectionError, RuntimeError, ValueError):
+            pass
     s = cfg.scaling
     need = int(s.max_workers * s.cpus_per_worker + 2 * cfg.data.tokenize_cpus + 0.999)
     ray.init(address="local", num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False, runtime_env=env)
@@ -92,6 +96,8 @@ def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool):
     scaling_kwargs = dict(num_workers=num_workers, use_gpu=gpu, resources_per_worker=resources)
     if s.min_workers != s.max_workers:
         scaling_kwargs["elastic_resize_monitor_interval_s"] = s.elastic_resize_monitor_interval_s
+    from elastic.launch.recovery_callback import RecoveryEventsCallback
+
     storage = paths.run_dir.rsplit("/", 1)[0]
     factory = DatasetFactory(plan=plan, cursor_fn=CheckpointCursor(paths.run_dir), samples_total=cfg.train.steps * cfg.train.global_batch_size)
     return TorchTrainer(
@@ -100,7 +106,8 @@ def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool):
         scaling_config=ScalingConfig(**scaling_kwargs),
         run_config=RunConfig(name=cfg.run.name, storage_path=storage,
                              checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
-                             failure_config=FailureConfig(max_failures=s.max_failures)),
+                             failure_config=FailureConfig(max_failures=s.max_failures),
+                             callbacks=[RecoveryEventsCallback(os.path.join(paths.local_dir, "events.jsonl"))]),
         datasets={"train": factory},
         # Every worker streams the whole (deterministic) sequence and takes its slice of each
         # global batch: the data order never depends on the world size or block scheduling.
@@ -129,6 +136,10 @@ def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str]) -> dict
                  tokens=sum(r["tokens"] for r in recs),
                  tokens_per_s=sum(r["tokens"] for r in recs) / max(1e-9, sum(r["step_s"] for r in recs)),
                  mean_mfu=sum(r["mfu"] for r in recs) / len(recs), bad_rows=recs[-1].get("bad_rows", 0))
+    from elastic.launch.recovery import analyze
+
+    acc = analyze(paths.local_dir)
+    s.update(restarts=acc["restarts"], goodput=acc["goodput"])
     with open(os.path.join(paths.local_dir, "summary.json"), "w") as f:
         json.dump(s, f, indent=2)
     return s

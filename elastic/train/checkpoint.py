@@ -36,12 +36,27 @@ def save_local(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_s
     out = tempfile.mkdtemp(prefix="elastic-ckpt-")
     msd, osd = get_state_dict(model, optimizer)
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=out)
+    _maybe_inject_delay(int(train_state.get("step", -1)))
     if dist.get_rank() == 0:
         tmp = os.path.join(out, STATE_FILE + ".tmp")
         with open(tmp, "w") as f:
             json.dump(train_state, f)
         os.replace(tmp, os.path.join(out, STATE_FILE))
     return out
+
+
+def _maybe_inject_delay(step: int) -> None:
+    """Fault injection for drills and tests: ELASTIC_FAULT_CKPT_DELAY="rank=R,step=S,seconds=X"
+    makes rank R stall X seconds while writing checkpoint S (slow storage), so a crash can be
+    placed inside a checkpoint write. Unset in normal runs."""
+    spec = os.environ.get("ELASTIC_FAULT_CKPT_DELAY")
+    if not spec:
+        return
+    kv = dict(item.split("=", 1) for item in spec.split(",") if "=" in item)
+    if int(kv.get("rank", 0)) == dist.get_rank() and int(kv.get("step", -1)) == step:
+        import time
+
+        time.sleep(float(kv.get("seconds", 30)))
 
 
 def load(path: str, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> Dict[str, Any]:

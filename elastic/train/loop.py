@@ -87,9 +87,15 @@ def train_loop_per_worker(config: Dict[str, Any]) -> None:
         sched.load_state_dict(state["scheduler"])
         start_step, cursor, counters = int(state["step"]), Cursor.from_dict(state["cursor"]), state["counters"]
     start_time = time.time()
+    counters.setdefault("run_start", start_time)
+    counters.setdefault("useful_s", 0.0)  # seconds of steps up to the checkpoint (they count)
+    attempt_useful = 0.0
+    os.makedirs(local_dir, exist_ok=True)
+    events = os.path.join(local_dir, "events.jsonl")
+    append_jsonl(events, {"event": "worker", "time": start_time, "rank": rank, "world_size": world, "pid": os.getpid(),
+                          "node_id": ray.get_runtime_context().get_node_id()})
     if rank == 0:
-        os.makedirs(local_dir, exist_ok=True)
-        append_jsonl(os.path.join(local_dir, "events.jsonl"), {
+        append_jsonl(events, {
             "event": "start", "time": start_time, "world_size": world, "step": start_step,
             "resumed_from": ckpt.path if ckpt is not None else None, "attention_backend": backend,
             "device": str(device), "param_dtype": str(param_dtype).replace("torch.", "")})
@@ -113,7 +119,8 @@ def train_loop_per_worker(config: Dict[str, Any]) -> None:
         writer = MetricsWriter(os.path.join(local_dir, "metrics.jsonl"), wb)
     ledger = os.path.join(local_dir, "ledger.jsonl") if cfg.data.ledger else None
 
-    for step in range(start_step, t.steps):
+    stop = t.until_step or t.steps
+    for step in range(start_step, stop):
         t0 = time.perf_counter()
         gb = batches.next()
         data_wait = time.perf_counter() - t0
@@ -126,6 +133,7 @@ def train_loop_per_worker(config: Dict[str, Any]) -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         step_s = time.perf_counter() - t0
+        attempt_useful += step_s
         tokens = int(gb["n_real"].sum())
         counters["tokens"] = int(counters["tokens"]) + tokens
         bad_total.merge(batches.bad_rows)
@@ -141,15 +149,19 @@ def train_loop_per_worker(config: Dict[str, Any]) -> None:
                 "world_size": world, "samples_consumed": batches.cursor.consumed, "bad_rows": bad_total.total,
                 "time": time.time(),
             }
+            # Live goodput: steps that will count (checkpointed + this attempt's) over wall time.
+            rec["goodput"] = (counters["useful_s"] + attempt_useful) / max(1e-9, rec["time"] - counters["run_start"])
             if device.type == "cuda":
                 rec["max_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
             writer.write(rec)
             if (step + 1) % t.log_every == 0 or step == start_step:
                 print(f"[elastic] step {step + 1}/{t.steps} loss {rec['loss']:.4f} lr {lr:.2e} "
                       f"tok/s {rec['tokens_per_s']:.0f} mfu {rec['mfu']:.2%} data_wait {data_wait * 1e3:.0f}ms world {world}")
-        done = step + 1 == t.steps
+        done = step + 1 == stop
         if (step + 1) % cfg.checkpoint.every_steps == 0 or done:
             counters["bad_rows"] = bad_total.to_dict()
+            counters["useful_s"] = counters["useful_s"] + attempt_useful
+            attempt_useful = 0.0
             state = {"step": step + 1, "cursor": batches.cursor.to_dict(), "scheduler": sched.state_dict(),
                      "counters": counters, "world_size": world, "time": time.time(),
                      "flops_per_token": fpt, "peak_flops": peak, "peak_flops_source": peak_src}

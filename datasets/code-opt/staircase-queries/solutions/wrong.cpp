@@ -1,0 +1,27 @@
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+// Shared table like the fast solution, but the per-height sum is accumulated in a
+// 32-bit unsigned before the single reduction: it wraps once several terms are large.
+static const unsigned MOD = 1000000007u;
+
+int main() {
+    int m, q;
+    if (std::scanf("%d %d", &m, &q) != 2) return 0;
+    std::vector<int> s(m);
+    for (auto& x : s) std::scanf("%d", &x);
+    std::vector<int> h(q);
+    int H = 0;
+    for (auto& x : h) { std::scanf("%d", &x); H = std::max(H, x); }
+    std::vector<unsigned> dp(H + 1, 0);
+    dp[0] = 1;
+    for (int i = 1; i <= H; i++) {
+        unsigned acc = 0;
+        for (int j = 0; j < m; j++)
+            if (i >= s[j]) acc += dp[i - s[j]];
+        dp[i] = acc % MOD;
+    }
+    for (int x : h) std::printf("%u\n", dp[x]);
+    return 0;
+}

@@ -1,0 +1,141 @@
+"""evaluate(problem, candidate_source) -> Result: compile, test, time, score.
+
+Steps (each in a fresh sandbox, see sandbox.py):
+
+1. compile the candidate (language from the fence tag, default the problem's);
+2. run every test in name order with the problem's time and memory limits; stop at the
+   first failure (later tests are reported ``skipped``);
+3. run the candidate on the benchmark input: its output must match the reference's output
+   there too (so special-casing the small tests does not pay), then time it (timing.py);
+4. speedup = reference / candidate (time or instructions); reward = scoring.speedup_reward
+   when everything passed, else ``failure_reward``.
+
+Anything that is the infrastructure's or the problem's fault (sandbox cannot start,
+reference broken, unexpected exception) is ``sandbox_error``, never a program verdict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+from elastic.reward.checkers import check
+from elastic.reward.extract import extract_code
+from elastic.reward.problems import Problem
+from elastic.reward.programs import classify, compile_limits, compiled, run_binary, run_limits
+from elastic.reward.result import Result, TestResult, Timing
+from elastic.reward.sandbox import Sandbox
+from elastic.reward.scoring import speedup_reward
+from elastic.reward.settings import EvalSettings
+from elastic.reward.timing import ReferenceError_, bench_input, measure, reference_timing
+
+log = logging.getLogger("elastic.reward")
+
+_SANDBOXES: dict = {}
+
+
+def default_sandbox(env_allow=()) -> Sandbox:
+    key = tuple(env_allow)
+    if key not in _SANDBOXES:
+        _SANDBOXES[key] = Sandbox(env_allow=env_allow)
+    return _SANDBOXES[key]
+
+
+def evaluate_completion(problem: Problem, completion: str, settings: Optional[EvalSettings] = None,
+                        sandbox: Optional[Sandbox] = None) -> Result:
+    """Extract the program from a model completion, then :func:`evaluate` it."""
+    settings = settings or EvalSettings()
+    code = extract_code(completion, problem.language)
+    if code is None:
+        sb = sandbox or default_sandbox(settings.env_allow)
+        return Result(problem.id, "compile_error", settings.failure_reward, reason="no code block found",
+                      sandbox=sb.layers)
+    lang, src = code
+    return evaluate(problem, src, lang, settings, sandbox)
+
+
+def evaluate(problem: Problem, candidate_source: str, language: Optional[str] = None,
+             settings: Optional[EvalSettings] = None, sandbox: Optional[Sandbox] = None) -> Result:
+    settings = settings or EvalSettings()
+    sandbox = sandbox or default_sandbox(settings.env_allow)
+    t0 = time.perf_counter()
+    lang = language or problem.language
+    try:
+        r = _evaluate(problem, candidate_source, lang, settings, sandbox)
+    except ReferenceError_ as e:
+        r = Result(problem.id, "sandbox_error", settings.failure_reward, reason=str(e))
+    except Exception as e:  # infrastructure bug: never a verdict on the program
+        log.exception("evaluation of %s crashed", problem.id)
+        r = Result(problem.id, "sandbox_error", settings.failure_reward, reason=f"{type(e).__name__}: {e}")
+    r.language = lang
+    r.duration_s = time.perf_counter() - t0
+    r.sandbox = sandbox.layers
+    return r
+
+
+def _fail(problem: Problem, settings: EvalSettings, status: str, reason: str, **kw) -> Result:
+    return Result(problem.id, status, settings.failure_reward, reason=reason, **kw)
+
+
+def _evaluate(problem: Problem, source: str, lang: str, settings: EvalSettings, sandbox: Sandbox) -> Result:
+    cache = Path(settings.cache_dir)
+    cpu = settings.pinned_cpu()
+    climits = compile_limits(settings.compile_time_limit_s, settings.compile_memory_mb)
+    with compiled(sandbox, source, lang, climits) as c:
+        cout = c.outcome.stderr.decode(errors="replace")[-4000:]
+        if not c.ok:
+            status = "sandbox_error" if c.sandbox_error else "compile_error"
+            return _fail(problem, settings, status, c.reason, compile_output=cout)
+        assert c.binary is not None
+        tests = []
+        limits = run_limits(problem.time_limit_s, problem.memory_limit_mb)
+        failed: Optional[TestResult] = None
+        with tempfile.TemporaryDirectory(prefix="elastic-io-") as io:
+            for t in problem.tests:
+                if failed is not None:
+                    tests.append(TestResult(t.name, "skipped"))
+                    continue
+                inp = Path(io) / "in"
+                inp.write_bytes(t.input)
+                o = run_binary(sandbox, c.binary, inp, limits, cpu)
+                status, detail = classify(o, limits)
+                if status == "ok":
+                    passed, why = check(problem.checker, o.stdout, t.expected)
+                    if not passed:
+                        status, detail = "wrong_answer", why
+                tr = TestResult(t.name, status, round(o.wall_s, 6), detail)
+                tests.append(tr)
+                if status != "ok":
+                    failed = tr
+        if failed is not None:
+            return _fail(problem, settings, failed.status, f"test {failed.name}: {failed.detail}",
+                         tests=tests, compile_output=cout)
+
+        @contextlib.contextmanager
+        def reference_binary():
+            with compiled(sandbox, problem.reference_source, problem.language, climits) as rc:
+                if not rc.ok:
+                    raise ReferenceError_(f"{problem.id}: reference does not compile: {rc.reason}")
+                yield rc.binary
+
+        ref, ref_out, cached = reference_timing(sandbox, problem, reference_binary, cache, settings.timing,
+                                                settings.timing_runs, settings.warmup_runs,
+                                                settings.instructions_time_limit_s, cpu)
+        stdin = bench_input(problem, cache)
+        m = measure(sandbox, c.binary, stdin, settings.timing, settings.timing_runs, settings.warmup_runs,
+                    problem.bench_time_limit_s, problem.memory_limit_mb, settings.instructions_time_limit_s, cpu)
+        if m.failure is not None:
+            return _fail(problem, settings, m.failure[0], f"benchmark input: {m.failure[1]}", tests=tests,
+                         compile_output=cout)
+        passed, why = check(problem.checker, m.output, ref_out)
+        if not passed:
+            return _fail(problem, settings, "wrong_answer", f"benchmark input: {why}", tests=tests, compile_output=cout)
+        unit = "s" if settings.timing == "wall" else "instructions"
+        timing = Timing(settings.timing, unit, m.value, ref.value, m.runs, ref.runs, m.tool, cached)
+        speedup = ref.value / m.value if m.value > 0 else float("inf")
+        reward = speedup_reward(speedup, settings.reward_floor, settings.speedup_scale)
+        return Result(problem.id, "ok", reward, speedup=speedup, tests=tests, timing=timing, compile_output=cout)

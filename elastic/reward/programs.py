@@ -1,0 +1,114 @@
+"""Compile and run one program in the sandbox, and classify a raw run outcome.
+
+The same functions serve candidates and references, the evaluator, the pool and the CLI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, List, Optional, Tuple
+
+from elastic.reward.sandbox import Limits, RunOutcome, Sandbox
+
+COMPILE = {
+    "c": (["gcc", "-O2", "-std=c17", "-o", "prog", "src.c", "-lm"], "src.c"),
+    "cpp": (["g++", "-O2", "-std=c++17", "-o", "prog", "src.cpp"], "src.cpp"),
+}
+_OOM_MARKERS = (b"std::bad_alloc", b"Cannot allocate memory", b"out of memory", b"memory exhausted")
+
+
+@dataclass
+class Compiled:
+    ok: bool
+    binary: Optional[Path]
+    outcome: RunOutcome
+    reason: str = ""
+    sandbox_error: bool = False
+
+
+def compile_limits(wall_s: float, memory_mb: int) -> Limits:
+    return Limits(wall_s=wall_s, cpu_s=wall_s, memory_mb=memory_mb, fsize_mb=64, pids=32, nofile=128,
+                  stdout_bytes=256 << 10, stderr_max_bytes=8 << 20, scratch_mb=256)
+
+
+@contextlib.contextmanager
+def compiled(sandbox: Sandbox, source: str, language: str, limits: Limits) -> Iterator[Compiled]:
+    """Compile in a fresh scratch dir; yields the binary (valid inside the `with` only)."""
+    argv, src_name = COMPILE[language]
+    with sandbox.scratch() as d:
+        (d / src_name).write_text(source)
+        o = sandbox.run(list(argv), d, limits)
+        binary = d / "prog"
+        if o.sandbox_failed:
+            yield Compiled(False, None, o, o.sandbox_error, sandbox_error=True)
+        elif o.timed_out:
+            yield Compiled(False, None, o, "compiler timed out")
+        elif o.output_limit:
+            yield Compiled(False, None, o, "compiler output limit exceeded")
+        elif not o.ok or not binary.is_file():
+            mem = o.cgroup.memory_limit_hit or any(m in o.stderr for m in _OOM_MARKERS)
+            why = "compiler ran out of memory" if mem else "compilation failed"
+            yield Compiled(False, None, o, why)
+        else:
+            yield Compiled(True, binary, o)
+
+
+@contextlib.contextmanager
+def run_dir(sandbox: Sandbox, binary: Path) -> Iterator[Path]:
+    """A fresh scratch dir holding (a hard link to) the binary, removed afterwards."""
+    with sandbox.scratch() as d:
+        try:
+            os.link(binary, d / "prog")
+        except OSError:
+            shutil.copy2(binary, d / "prog")
+        yield d
+
+
+def run_limits(time_limit_s: float, memory_mb: int) -> Limits:
+    return Limits(wall_s=time_limit_s, cpu_s=time_limit_s, memory_mb=memory_mb)
+
+
+def run_binary(sandbox: Sandbox, binary: Path, stdin: Path, limits: Limits, cpu: Optional[int],
+               prefix: Optional[List[str]] = None, want_log: bool = False) -> RunOutcome:
+    with run_dir(sandbox, binary) as d:
+        return sandbox.run([*(prefix or []), "./prog"], d, limits, stdin_path=stdin, cpu=cpu,
+                           tmpfs_workdir=True, want_log=want_log)
+
+
+def classify(o: RunOutcome, limits: Limits) -> Tuple[str, str]:
+    """(status, detail) of one run, before output checking ("ok" = exited 0 in limits).
+
+    Memory evidence relied on: the run cgroup's failcnt/OOM-kill counter, or a failing run
+    whose stderr shows an allocation failure (bad_alloc, ENOMEM), or a failing run whose peak
+    memory reached 90% of the limit (RLIMIT_AS makes allocation fail; a C program then usually
+    dies on a NULL pointer). Peak memory is the run cgroup's max usage (the wrapper's rusage
+    does not include the namespaced program); without a memory cgroup only the rusage and
+    stderr evidence remain, so such a crash may be reported as runtime_error.
+    A failing run with no such evidence is a runtime_error.
+    """
+    if o.sandbox_failed:
+        return "sandbox_error", o.sandbox_error
+    if o.timed_out:
+        return "timeout", f"exceeded {limits.wall_s:g}s wall / {limits.cpu_limit}s CPU"
+    if o.output_limit:
+        return "runtime_error", "output limit exceeded"
+    if o.ok:
+        return "ok", ""
+    peak = max(o.max_rss_kb * 1024, o.cgroup.max_memory_bytes or 0)
+    near_limit = peak >= 0.9 * (limits.memory_mb << 20)
+    if o.cgroup.memory_limit_hit or any(m in o.stderr for m in _OOM_MARKERS) or near_limit:
+        return "memory_limit", f"memory limit {limits.memory_mb} MB exceeded (peak {peak >> 20} MB)"
+    if o.signal == signal.SIGXFSZ:
+        return "runtime_error", "file size limit exceeded"
+    if o.signal is not None:
+        try:
+            name = signal.Signals(o.signal).name
+        except ValueError:
+            name = str(o.signal)
+        return "runtime_error", f"killed by {name}"
+    return "runtime_error", f"exit code {o.exit_code}"

@@ -1,0 +1,79 @@
+"""The structured outcome of one evaluation (a plain dataclass; ``to_dict`` for JSON/logs).
+
+Statuses, in the order an evaluation can fail:
+
+* ``compile_error``: no code block, or the compiler failed / timed out / ran out of memory;
+* ``runtime_error``: non-zero exit, a signal, the output cap or the file-size cap hit;
+* ``timeout``: wall clock or CPU limit exceeded (on a test or on the benchmark input);
+* ``memory_limit``: evidence of the memory limit (see evaluator.classify);
+* ``wrong_answer``: the checker rejected the output of a test or of the benchmark input;
+* ``sandbox_error``: the *infrastructure* failed (sandbox could not start, actor/node died,
+  deadline of the pool breached, broken problem); never a verdict on the program, so
+  trainers should drop, not penalise, such samples;
+* ``ok``: every test passed and the program was timed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+STATUSES = ("ok", "compile_error", "wrong_answer", "runtime_error", "timeout", "memory_limit", "sandbox_error")
+
+
+@dataclass
+class TestResult:
+    name: str
+    status: str  # a STATUSES value, or "skipped" after an earlier failure
+    wall_s: float = 0.0
+    detail: str = ""
+
+
+@dataclass
+class Timing:
+    """Benchmark-input measurement. Unit is seconds (wall) or instructions."""
+
+    mode: str
+    unit: str
+    candidate: float
+    reference: float
+    candidate_runs: List[float] = field(default_factory=list)
+    reference_runs: List[float] = field(default_factory=list)
+    tool: str = ""  # "wall", "perf" or "valgrind"
+    reference_cached: bool = False
+
+
+@dataclass
+class Result:
+    problem_id: str
+    status: str
+    reward: float
+    reason: str = ""
+    speedup: Optional[float] = None
+    language: str = ""
+    tests: List[TestResult] = field(default_factory=list)
+    timing: Optional[Timing] = None
+    compile_output: str = ""
+    duration_s: float = 0.0
+    attempts: int = 1
+    sandbox: Dict[str, Any] = field(default_factory=dict)  # active isolation layers
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown status {self.status!r}")
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "Result":
+        d = dict(d)
+        d["tests"] = [TestResult(**t) for t in d.get("tests", [])]
+        if d.get("timing") is not None:
+            d["timing"] = Timing(**d["timing"])
+        return cls(**d)

@@ -1,0 +1,386 @@
+"""Run one untrusted command under every isolation layer this machine offers.
+
+Layers, outermost first (see :mod:`elastic.reward.isolation` for detection):
+
+* its own session / process group (``setsid``), killed as a whole on the wall clock;
+* a per-run cgroup with ``pids.max`` and a memory limit (when writable): the layer that
+  stops fork bombs when running as root, since root ignores RLIMIT_NPROC;
+* rlimits set in the child before exec: CPU seconds, address space, file size, process
+  count, open files, no core dumps; plus pinning to one core for timing;
+* bubblewrap (network, PID, mount, IPC, UTS namespaces; only /usr and the /lib links
+  visible, read-only; a size-limited tmpfs as scratch and /tmp), else ``unshare``;
+* a clean environment (nothing from the parent unless allow-listed);
+* stdout captured up to a cap (exceeding it kills the run), stderr kept up to a smaller cap.
+
+The scratch directory is fresh per run and removed afterwards (see :meth:`Sandbox.scratch`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import resource
+import selectors
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Sequence
+
+from elastic.reward.cgroups import CgroupStats, RunCgroup
+from elastic.reward.isolation import BWRAP_BASE, Isolation, detect, log, system_binds
+
+SANDBOX_DIR = "/sandbox"
+
+
+@dataclass
+class Limits:
+    """Per-run limits. Memory is the program's budget; slack covers runtime/sandbox overhead."""
+
+    wall_s: float = 2.0
+    cpu_s: Optional[float] = None  # default: wall_s + 1
+    memory_mb: int = 256
+    address_space: bool = True  # False for valgrind, which reserves huge virtual ranges
+    fsize_mb: int = 16
+    pids: int = 64
+    nofile: int = 64
+    stdout_bytes: int = 8 << 20
+    stderr_keep_bytes: int = 16 << 10
+    stderr_max_bytes: int = 1 << 20
+    scratch_mb: int = 64
+
+    @property
+    def cpu_limit(self) -> int:
+        return int(self.cpu_s if self.cpu_s is not None else self.wall_s + 1) + 1
+
+
+@dataclass
+class RunOutcome:
+    """What happened to one sandboxed command (raw facts; the evaluator classifies)."""
+
+    exit_code: Optional[int] = None
+    signal: Optional[int] = None
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    max_rss_kb: int = 0
+    stdout: bytes = b""
+    stderr: bytes = b""
+    log: bytes = b""  # the extra `log_fd` channel (valgrind/perf output), never the program's
+    timed_out: bool = False
+    output_limit: bool = False
+    sandbox_failed: bool = False  # the wrapper itself could not set up the sandbox
+    sandbox_error: str = ""
+    cgroup: CgroupStats = field(default_factory=CgroupStats)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.timed_out or self.output_limit or self.sandbox_failed) and self.exit_code == 0 and self.signal is None
+
+
+def _user_tasks(uid: int) -> int:
+    """Tasks (threads) the kernel counts against RLIMIT_NPROC for `uid` right now."""
+    n = 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/status") as f:
+                owner = threads = None
+                for line in f:
+                    if line.startswith("Uid:"):
+                        owner = int(line.split()[1])
+                    elif line.startswith("Threads:"):
+                        threads = int(line.split()[1])
+                        break
+            if owner == uid and threads:
+                n += threads
+        except (OSError, ValueError):
+            pass
+    return n
+
+
+def _clean_env(home: str, tmp: str, allow: Sequence[str]) -> Dict[str, str]:
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": home, "TMPDIR": tmp, "LC_ALL": "C", "LANG": "C"}
+    for k in allow:
+        if k in os.environ:
+            env[k] = os.environ[k]
+    return env
+
+
+class Sandbox:
+    """Runs commands in fresh scratch directories under the detected isolation layers."""
+
+    def __init__(self, isolation: Optional[Isolation] = None, env_allow: Sequence[str] = (),
+                 scratch_root: Optional[str] = None) -> None:
+        self.iso = isolation or detect()
+        self.env_allow = list(env_allow)
+        self.scratch_root = scratch_root
+        self._system_binds = system_binds() if self.iso.wrapper == "bwrap" else []
+        self.sweep_stale()
+
+    def sweep_stale(self) -> None:
+        """Remove scratch dirs and cgroups of sandbox owners that died mid-run (a killed actor
+        cannot clean up after itself; its replacement on the same node does)."""
+        from elastic.reward.cgroups import _pid_alive
+
+        root = Path(self.scratch_root or tempfile.gettempdir())
+        for d in root.glob("elastic-sbx-*"):
+            if not _pid_alive(d.name.split("-")[2]):
+                shutil.rmtree(d, ignore_errors=True)
+        if self.iso.cgroups is not None:
+            self.iso.cgroups.sweep_stale()
+
+    @property
+    def layers(self) -> Dict[str, object]:
+        return self.iso.report()
+
+    @contextlib.contextmanager
+    def scratch(self) -> Iterator[Path]:
+        """A fresh private (0700) scratch directory, removed afterwards whatever happened."""
+        d = Path(tempfile.mkdtemp(prefix=f"elastic-sbx-{os.getpid()}-", dir=self.scratch_root))
+        try:
+            yield d
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
+    # -- command construction ------------------------------------------------------------
+    def _wrap(self, argv: List[str], workdir: Path, limits: Limits, tmpfs_workdir: bool,
+              status_fd: Optional[int]) -> List[str]:
+        if self.iso.wrapper == "bwrap":
+            w = ["bwrap", *BWRAP_BASE, *self._system_binds, "--proc", "/proc", "--dev", "/dev",
+                 "--size", str(limits.scratch_mb << 20), "--tmpfs", "/tmp"]
+            if tmpfs_workdir:
+                w += ["--size", str(limits.scratch_mb << 20), "--tmpfs", SANDBOX_DIR]
+                for p in sorted(workdir.iterdir()):
+                    w += ["--ro-bind", str(p), f"{SANDBOX_DIR}/{p.name}"]
+            else:
+                w += ["--bind", str(workdir), SANDBOX_DIR]
+            w += ["--chdir", SANDBOX_DIR]
+            if status_fd is not None:
+                w += ["--json-status-fd", str(status_fd)]
+            return w + ["--", *argv]
+        if self.iso.wrapper == "unshare":
+            return [*self.iso.unshare_prefix, "--", *argv]
+        return list(argv)
+
+    def _preexec(self, limits: Limits, cgroup: Optional[RunCgroup], cpu: Optional[int], nproc: int):
+        procs_files = cgroup.procs_files() if cgroup is not None else []
+        mem = (limits.memory_mb + 64) << 20  # slack: libc/libstdc++ mappings, the wrapper itself
+        rl = [
+            (resource.RLIMIT_CPU, (limits.cpu_limit, limits.cpu_limit + 1)),
+            (resource.RLIMIT_FSIZE, (limits.fsize_mb << 20, limits.fsize_mb << 20)),
+            (resource.RLIMIT_NPROC, (nproc, nproc)),
+            (resource.RLIMIT_NOFILE, (limits.nofile, limits.nofile)),
+            (resource.RLIMIT_CORE, (0, 0)),
+        ]
+        if limits.address_space:
+            rl.append((resource.RLIMIT_AS, (mem, mem)))
+
+        def fn() -> None:  # runs in the child between fork and exec: only syscalls here
+            pid = str(os.getpid())
+            for f in procs_files:
+                with open(f, "w") as fh:
+                    fh.write(pid)
+            for res, val in rl:
+                try:
+                    resource.setrlimit(res, val)
+                except (ValueError, OSError):  # hard limit lower than ours: keep the lower one
+                    soft, hard = resource.getrlimit(res)
+                    resource.setrlimit(res, (min(val[0], hard), hard))
+            if cpu is not None:
+                os.sched_setaffinity(0, {cpu})
+        return fn
+
+    # -- running -------------------------------------------------------------------------
+    def run(self, argv: List[str], workdir: Path, limits: Limits, stdin_path: Optional[Path] = None,
+            cpu: Optional[int] = None, tmpfs_workdir: bool = False, want_log: bool = False) -> RunOutcome:
+        """Run `argv` (relative paths resolve in the scratch dir) and return the raw outcome.
+
+        With `want_log`, the literal ``{LOG_FD}`` in `argv` is replaced by the number of a pipe
+        whose content is returned as ``RunOutcome.log`` (for valgrind/perf reports: valgrind
+        moves its log fd out of the program's reach, so the program cannot forge the count).
+        """
+        out = RunOutcome()
+        cg: Optional[RunCgroup] = None
+        factory = self.iso.cgroups
+        if factory is not None and (factory.pids or factory.memory):
+            try:
+                cg = factory.create(limits.pids, (limits.memory_mb + limits.scratch_mb * 2 + 64) << 20)
+            except OSError as e:
+                log.warning("SANDBOX WARNING: could not create a run cgroup (%s); running without one", e)
+        uid = os.getuid()
+        nproc = limits.pids if uid == 0 else _user_tasks(uid) + limits.pids
+        in_ns = self.iso.wrapper == "bwrap"
+        home = SANDBOX_DIR if in_ns else str(workdir)
+        env = _clean_env(home, "/tmp" if in_ns else str(workdir), self.env_allow)
+        pipes: List[int] = []
+        status_r = status_w = log_r = log_w = None
+        try:
+            if self.iso.wrapper == "bwrap":
+                status_r, status_w = os.pipe()
+                pipes += [status_r, status_w]
+            if want_log:
+                log_r, log_w = os.pipe()
+                pipes += [log_r, log_w]
+            wrapped = self._wrap(argv, workdir, limits, tmpfs_workdir, status_w)
+            pass_fds = tuple(x for x in (status_w, log_w) if x is not None)
+            stdin = open(stdin_path, "rb") if stdin_path is not None else subprocess.DEVNULL
+            t0 = time.perf_counter()
+            try:
+                proc = subprocess.Popen(
+                    [a.replace("{LOG_FD}", str(log_w)) for a in wrapped], stdin=stdin,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(workdir), env=env,
+                    start_new_session=True, pass_fds=pass_fds, close_fds=True,
+                    preexec_fn=self._preexec(limits, cg, cpu, nproc))
+            except OSError as e:
+                out.sandbox_failed, out.sandbox_error = True, f"spawn failed: {e}"
+                return out
+            finally:
+                if stdin is not subprocess.DEVNULL:
+                    stdin.close()
+            for fd in (status_w, log_w):
+                if fd is not None:
+                    os.close(fd)
+                    pipes.remove(fd)
+            status = self._pump(proc, out, limits, t0, status_r, log_r)
+            for f in (proc.stdout, proc.stderr):
+                if f is not None:
+                    f.close()
+            self._kill_group(proc.pid, cg)
+            _, wstatus, ru = os.wait4(proc.pid, 0)
+            proc.returncode = 0  # reaped here; keep Popen from waiting again
+            if not out.wall_s:
+                out.wall_s = time.perf_counter() - t0
+            out.cpu_s = ru.ru_utime + ru.ru_stime
+            out.max_rss_kb = ru.ru_maxrss
+            if os.WIFSIGNALED(wstatus):
+                out.signal = os.WTERMSIG(wstatus)
+            else:
+                code = os.WEXITSTATUS(wstatus)
+                if self.iso.wrapper == "bwrap" and "child-pid" not in status:
+                    out.sandbox_failed = True
+                    out.sandbox_error = "bwrap setup failed: " + out.stderr.decode(errors="replace").strip()[-500:]
+                elif self.iso.wrapper and 128 < code <= 128 + 64:  # wrappers report a signal death as 128+n
+                    out.signal = code - 128
+                else:
+                    out.exit_code = code
+            if out.signal in (signal.SIGXCPU,) or (out.signal == signal.SIGKILL and out.cpu_s >= limits.cpu_limit - 0.05):
+                out.timed_out = True
+            return out
+        finally:
+            for fd in pipes:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            if cg is not None:
+                cg.kill_all()
+                out.cgroup = cg.stats()
+                cg.remove()
+
+    def _pump(self, proc: subprocess.Popen, out: RunOutcome, limits: Limits, t0: float,
+              status_r: Optional[int], log_r: Optional[int]) -> str:
+        """Read all channels until the process exits and its pipes close, or a limit is hit."""
+        sel = selectors.DefaultSelector()
+        stdout_buf, stderr_buf, log_buf, status_buf = bytearray(), bytearray(), bytearray(), bytearray()
+        stderr_total = 0
+        chans = {proc.stdout.fileno(): "out", proc.stderr.fileno(): "err"}  # type: ignore[union-attr]
+        if status_r is not None:
+            chans[status_r] = "status"
+        if log_r is not None:
+            chans[log_r] = "log"
+        for fd in chans:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
+        pidfd = None
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+            sel.register(pidfd, selectors.EVENT_READ)
+        except (AttributeError, OSError):
+            pass
+        deadline = t0 + limits.wall_s
+        exited_at: Optional[float] = None
+        try:
+            while True:
+                now = time.perf_counter()
+                if exited_at is None and pidfd is None and proc.poll() is not None:
+                    exited_at = now
+                if exited_at is not None and not any(c in ("out", "err") for c in chans.values()):
+                    break
+                if exited_at is not None and now > exited_at + 1.0:
+                    break  # an escaped descendant holds the pipes: stop listening
+                if now >= deadline:
+                    if exited_at is None:
+                        out.timed_out = True
+                    break
+                timeout = min(deadline - now, 0.05 if pidfd is None else 1.0)
+                for key, _ in sel.select(timeout):
+                    fd = key.fd
+                    if fd == pidfd:
+                        exited_at = time.perf_counter()
+                        out.wall_s = exited_at - t0
+                        sel.unregister(fd)
+                        continue
+                    try:
+                        chunk = os.read(fd, 1 << 16)
+                    except BlockingIOError:
+                        continue
+                    except OSError as e:
+                        if e.errno != errno.EIO:
+                            raise
+                        chunk = b""
+                    kind = chans[fd]
+                    if not chunk:
+                        sel.unregister(fd)
+                        del chans[fd]
+                        continue
+                    if kind == "out":
+                        stdout_buf += chunk
+                        if len(stdout_buf) > limits.stdout_bytes:
+                            out.output_limit = True
+                    elif kind == "err":
+                        stderr_total += len(chunk)
+                        if len(stderr_buf) < limits.stderr_keep_bytes:
+                            stderr_buf += chunk[: limits.stderr_keep_bytes - len(stderr_buf)]
+                        if stderr_total > limits.stderr_max_bytes:
+                            out.output_limit = True
+                    elif kind == "log":
+                        if len(log_buf) < (1 << 20):
+                            log_buf += chunk
+                    else:
+                        status_buf += chunk
+                if out.output_limit:
+                    break
+        finally:
+            sel.close()
+            if pidfd is not None:
+                os.close(pidfd)
+        # drain what is already buffered in status/log pipes (short, non-blocking)
+        for fd, kind in list(chans.items()):
+            if kind in ("status", "log"):
+                try:
+                    while True:
+                        chunk = os.read(fd, 1 << 16)
+                        if not chunk:
+                            break
+                        (status_buf if kind == "status" else log_buf).extend(chunk)
+                except (BlockingIOError, OSError):
+                    pass
+        out.stdout = bytes(stdout_buf[: limits.stdout_bytes])
+        out.stderr = bytes(stderr_buf)
+        out.log = bytes(log_buf)
+        return status_buf.decode(errors="replace")
+
+    @staticmethod
+    def _kill_group(pgid: int, cg: Optional[RunCgroup]) -> None:
+        """SIGKILL the whole session/process group, then anything left in the run's cgroup."""
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if cg is not None:
+            cg.kill_all()

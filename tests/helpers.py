@@ -1,0 +1,40 @@
+"""Small shared helpers for tests (corpus generation, reading run outputs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+
+WORDS = ["alpha", "beta", "gamma", "delta", "elastic", "ray", "torch", "shard", "\n", "def", "(", ")", "return", "x", "=", "1"]
+
+
+def make_text_corpus(d: Path, n_docs: int = 60, seed: int = 0, max_words: int = 300) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(n_docs):
+        n = int(rng.integers(5, max_words))
+        (d / f"doc{i:04d}.txt").write_text(" ".join(rng.choice(WORDS, size=n)))
+    return d
+
+
+def read_jsonl(path: Path) -> List[Dict]:
+    if not Path(path).exists():
+        return []
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def small_run_overrides(storage: Path, name: str, corpus: Path, steps: int, **extra) -> List[str]:
+    """A run small enough for a 2-core CI machine: 2 workers, tiny model, seq 64, batch 8."""
+    o = {
+        "run.storage_path": str(storage), "run.name": name, "data.source": str(corpus), "data.glob": "**/*.txt",
+        "data.vocab_size": 300, "data.seq_len": 64, "data.shard_mb": 0.004, "data.ledger": "true",
+        "model.dim": 64, "model.n_layers": 2, "model.n_heads": 4, "model.n_kv_heads": 2, "model.ffn_hidden": 128,
+        "train.steps": steps, "train.global_batch_size": 8, "train.micro_batch_size": 2, "train.warmup_steps": 2,
+        "train.lr": 0.01, "train.log_every": 1, "checkpoint.every_steps": 2, "wandb.mode": "disabled",
+        "scaling.min_workers": 2, "scaling.max_workers": 2,
+    }
+    o.update(extra)
+    return [f"{k}={v}" for k, v in o.items()]

@@ -1,0 +1,53 @@
+"""Shared helpers of the reward tests: fixture paths, fast settings, leftover checks."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import List
+
+from elastic.reward.settings import EvalSettings
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO / "tests" / "fixtures" / "code-opt"
+SHIPPED = REPO / "datasets" / "code-opt"
+
+
+def fast_settings(cache_dir: Path, **kw) -> EvalSettings:
+    """One untimed-warm-up-free timed run: tests compare statuses and coarse rewards only."""
+    base = dict(timing="wall", timing_runs=1, warmup_runs=0, cache_dir=str(cache_dir), compile_time_limit_s=15.0)
+    base.update(kw)
+    return EvalSettings(**base)
+
+
+def leftover_programs() -> List[str]:
+    """Sandboxed programs still alive anywhere on the host (we always run them as ./prog)."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            argv0 = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")[0]
+            state = [l for l in Path(f"/proc/{d}/status").read_text().splitlines() if l.startswith("State:")]
+        except OSError:
+            continue
+        if argv0 == b"./prog" and not (state and "Z" in state[0]):
+            found.append(d)
+    return found
+
+
+def leftover_scratch() -> List[str]:
+    return [p.name for p in Path(tempfile.gettempdir()).glob("elastic-sbx-*")]
+
+
+def leftover_cgroups() -> List[str]:
+    out = []
+    for ctrl in ("pids", "memory", "unified"):
+        root = Path("/sys/fs/cgroup") / ctrl
+        if root.is_dir():
+            try:
+                out += [str(p) for p in root.rglob("elastic-sbx-*")]
+            except OSError:
+                pass
+    return out

@@ -1,0 +1,166 @@
+"""Hostile programs are contained and classified, and the host is fine afterwards.
+
+Every program here runs through the real evaluator and sandbox on the `pair-sum` fixture.
+Programs that probe a boundary (network, environment, filesystem, parent) solve the problem
+correctly when the boundary holds, so `ok` means "contained" and the test also checks the
+host side (no connection accepted, no file written).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import threading
+import uuid
+
+import pytest
+
+from elastic.reward import evaluate, load_problem
+from elastic.reward.isolation import detect
+from reward_helpers import FIXTURES, fast_settings, leftover_cgroups, leftover_programs, leftover_scratch
+
+SOLVE = r"""
+#include <stdio.h>
+#include <stdlib.h>
+static void solve(void) {
+    int n, k; if (scanf("%d %d", &n, &k) != 2) exit(1);
+    long long *cnt = calloc(k, sizeof(long long)), count = 0;
+    for (int i = 0; i < n; i++) { long long x; scanf("%lld", &x); int r = (int)(x % k); count += cnt[(k - r) % k]; cnt[r]++; }
+    printf("%lld\n", count);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def problem():
+    return load_problem(FIXTURES / "pair-sum")
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory):
+    return fast_settings(tmp_path_factory.mktemp("reward-cache"), compile_time_limit_s=10.0)
+
+
+def run(problem, settings, src, lang="c"):
+    return evaluate(problem, src, lang, settings)
+
+
+def test_layers_detected_and_reported():
+    rep = detect().report()
+    for k in ("process_group", "rlimits", "clean_env", "scratch_dir", "net_namespace", "pid_namespace",
+              "cgroup_pids", "cgroup_memory", "cpu_pinning"):
+        assert k in rep
+    assert rep["net_namespace"], "no network namespace: CI must have bubblewrap or unshare"
+
+
+@pytest.mark.parametrize("name,src,expected", [
+    ("fork_bomb", "#include <unistd.h>\nint main(void){ for(;;) fork(); }", {"timeout"}),
+    ("infinite_loop", "int main(void){ volatile unsigned long x = 0; for(;;) x++; }", {"timeout"}),
+    ("ignores_sigterm", "#include <signal.h>\nint main(void){ signal(SIGTERM, SIG_IGN); signal(SIGXCPU, SIG_IGN);"
+                        " signal(SIGINT, SIG_IGN); volatile int x = 0; for(;;) x++; }", {"timeout"}),
+    ("sleeper", "#include <unistd.h>\nint main(void){ for(;;) pause(); }", {"timeout"}),
+    ("memory_bomb", "#include <stdlib.h>\n#include <string.h>\nint main(void){ for(;;){ char *p = malloc(1<<20);"
+                    " memset(p, 1, 1<<20); } }", {"memory_limit"}),
+    ("disk_filler", "#include <stdio.h>\nint main(void){ static char b[1<<16]; FILE *f = fopen(\"fill\", \"w\");"
+                    " for(;;) fwrite(b, 1, sizeof b, f); }", {"runtime_error"}),
+    ("output_flood", "#include <stdio.h>\nint main(void){ for(;;) puts(\"yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy\"); }",
+     {"runtime_error"}),
+    ("daemonizes", "#include <unistd.h>\n" + "int main(void){ if (fork() == 0) { setsid(); for(;;) sleep(1); } return 0; }",
+     {"wrong_answer"}),
+])
+def test_hostile_program_contained(problem, settings, name, src, expected):
+    if name == "memory_bomb":  # a small limit: page faults are slow on a loaded VM, keep it under the clock
+        problem = dataclasses.replace(problem, memory_limit_mb=64)
+    r = run(problem, settings, src)
+    assert r.status in expected, (name, r.status, r.reason)
+    assert r.reward == settings.failure_reward
+    if name == "output_flood":
+        assert "output limit" in r.reason
+    assert leftover_programs() == []
+
+
+def test_network_is_unreachable(problem, settings):
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(5)
+    srv.settimeout(0.5)
+    port = srv.getsockname()[1]
+    got = []
+
+    def accept():
+        try:
+            got.append(srv.accept())
+        except OSError:
+            pass
+
+    th = threading.Thread(target=accept)
+    th.start()
+    src = SOLVE + f"""
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <unistd.h>
+int main(void) {{
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {{0}}; a.sin_family = AF_INET; a.sin_port = htons({port});
+    a.sin_addr.s_addr = htonl(0x7f000001);
+    if (s >= 0 && connect(s, (struct sockaddr *)&a, sizeof a) == 0) {{ puts("CONNECTED"); return 0; }}
+    solve(); return 0;
+}}"""
+    r = run(problem, settings, src)
+    th.join()
+    srv.close()
+    assert got == [], "the sandboxed program reached a listener on the host"
+    assert r.status == "ok", r.reason
+
+
+def test_parent_environment_is_not_inherited(problem, settings, monkeypatch):
+    monkeypatch.setenv("ELASTIC_TEST_SECRET", "hunter2")
+    src = SOLVE + r"""
+int main(void) { const char *s = getenv("ELASTIC_TEST_SECRET"); if (s) { puts(s); return 0; } solve(); return 0; }"""
+    r = run(problem, settings, src)
+    assert r.status == "ok", r.reason
+
+
+def test_cannot_write_outside_scratch(problem, settings, tmp_path):
+    targets = [tmp_path / "escape.txt", f"/tmp/elastic-escape-{uuid.uuid4().hex}", str(FIXTURES / "escape.txt")]
+    writes = "".join(f'{{ FILE *f = fopen("{t}", "w"); if (f) {{ fputs("x", f); fclose(f); }} }}\n' for t in targets)
+    src = SOLVE + f"int main(void) {{\n{writes} solve(); return 0; }}"
+    r = run(problem, settings, src)
+    assert r.status == "ok", r.reason
+    for t in targets:
+        assert not os.path.exists(t), f"sandboxed program wrote {t}"
+
+
+@pytest.mark.skipif(not detect().pid_namespace, reason="no PID namespace here: a program could kill the test runner")
+def test_killing_parent_and_everyone_is_contained(problem, settings):
+    src = SOLVE + r"""
+#include <signal.h>
+#include <unistd.h>
+int main(void) { kill(getppid(), SIGKILL); kill(-1, SIGKILL); solve(); return 0; }"""
+    r = run(problem, settings, src)
+    assert r.status in ("ok", "runtime_error", "wrong_answer"), r.reason
+    assert r.status != "sandbox_error"
+
+
+@pytest.mark.parametrize("lang,src", [
+    ("c", '#include "/dev/zero"\nint main(void){return 0;}'),
+    ("cpp", "template<int N, int K> struct B { static const long v = B<N-1, 2*K>::v + B<N-1, 2*K+1>::v; };\n"
+            "template<int K> struct B<0, K> { static const long v = K; };\n"
+            "int main() { return (int)B<26, 0>::v; }"),
+])
+def test_compile_time_bomb(problem, settings, lang, src):
+    quick = dataclasses.replace(settings, compile_time_limit_s=4.0)
+    r = run(problem, quick, src, lang)
+    assert r.status == "compile_error", (r.status, r.reason)
+    assert r.duration_s < quick.compile_time_limit_s + 10
+    assert leftover_programs() == []
+
+
+def test_host_is_fine_afterwards(problem, settings):
+    lang, src = problem.solutions["fast"]
+    r = run(problem, settings, src, lang)
+    assert r.status == "ok", r.reason
+    assert leftover_programs() == []
+    assert leftover_scratch() == []
+    assert leftover_cgroups() == []
