@@ -3,7 +3,8 @@
 # without Kubernetes (and for tests/test_job_submit.py):
 #   head     num-cpus 0, token auth, dashboard / Jobs API on 127.0.0.1
 #   trainer  nodes advertising `trainer` (one per train worker), like the trainer-gpu group
-#   cpu      nodes advertising `reward` (one per CPU) and `driver`, like the reward-cpu group
+#   cpu      nodes advertising `reward` (a label; CPUs bound the reward actors) and `driver`,
+#            like the reward-cpu group
 #
 # Everything lives in one state dir (default /tmp/elastic-ray; keep it short: Ray's socket
 # paths must stay under ~107 characters): the token, the addresses, each node's start log,
@@ -169,7 +170,7 @@ cmd_add_node() {
   n=$(( $(cat "$DIR/next_node") + 1 )); echo "$n" > "$DIR/next_node"
   case "$kind" in
     trainer) name="trainer$n"; res="{\"$TRAINER_RESOURCE\": $workers}" ;;
-    cpu) name="cpu$n"; res="{\"$REWARD_RESOURCE\": $cpus, \"$DRIVER_RESOURCE\": 1}" ;;
+    cpu) name="cpu$n"; res="{\"$REWARD_RESOURCE\": 1, \"$DRIVER_RESOURCE\": 1}" ;;
     *) die "add-node: kind must be trainer or cpu, got '$kind'" ;;
   esac
   # No log monitor: the head's already tails the shared log dir (a second one would print

@@ -17,7 +17,7 @@ from typing import Any, Dict
 import pytest
 import yaml
 
-import k8s_checks as k
+from tests import k8s_checks as k
 from elastic.config import Config, load_config
 
 REPO = k.REPO
@@ -218,10 +218,13 @@ def test_reward_resource_matches_the_reward_pool(cluster):
     assert _offering(spec, res) == [REWARD_GROUP]
     g = _group(spec, REWARD_GROUP)
     pod = k.ray_resources(g)
-    per_actor = 1.0  # elastic/reward: each actor requests {actor_resource: 1} and 1 CPU
+    # What each reward actor requests: 1 CPU plus RESOURCE_AMOUNT of the label resource.
+    from elastic.reward.pool import RESOURCE_AMOUNT
+
     assert "GPU" not in pod
-    assert pod[res] / per_actor <= pod["CPU"], "each reward actor also needs one CPU"
-    assert g["maxReplicas"] * pod[res] / per_actor >= cfg.reward.num_actors
+    actors_per_pod = min(pod["CPU"] // 1, pod[res] // RESOURCE_AMOUNT)
+    assert actors_per_pod == pod["CPU"], "CPUs, not the label, should bound reward actors per pod"
+    assert g["maxReplicas"] * actors_per_pod >= cfg.reward.num_actors
 
 
 def test_checkpoint_storage_is_shared_by_every_pod(cluster):
