@@ -179,6 +179,7 @@ def validate(cfg: Config) -> None:
     _check(s.use_gpu in ("auto", "true", "false"), "scaling.use_gpu", f"must be auto|true|false, got {s.use_gpu!r}")
     _check(s.cpus_per_worker >= 0, "scaling.cpus_per_worker", f"must be >= 0, got {s.cpus_per_worker}")
     _check(s.max_failures >= -1, "scaling.max_failures", f"must be >= -1 (-1 = unlimited), got {s.max_failures}")
+    _check(s.worker_group_start_timeout_s > 0, "scaling.worker_group_start_timeout_s", "must be > 0")
     _check(s.elastic_resize_monitor_interval_s > 0, "scaling.elastic_resize_monitor_interval_s", "must be > 0")
     # Every world size the run may take must split the global batch into whole micro-batches.
     for w in range(s.min_workers, s.max_workers + 1):

@@ -110,6 +110,11 @@ class ScalingSection:
     # to the KubeRay trainer group).
     resources_per_worker: Dict[str, float] = field(default_factory=dict)
     elastic_resize_monitor_interval_s: float = 60.0
+    # How long Ray Train waits for a new worker group to start before retrying (with fewer
+    # workers in elastic mode). After a node loss the dead node still counts until the GCS
+    # notices, so the first attempt may wait this long. Keep it above pod start-up time on
+    # Kubernetes; short on fixed machines.
+    worker_group_start_timeout_s: float = 60.0
     max_failures: int = 3
 
 

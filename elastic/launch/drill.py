@@ -38,7 +38,7 @@ def drill_overrides(storage: str, name: str, steps: int, min_w: int, max_w: int,
         "train.lr": 0.005, "train.param_dtype": "fp32", "train.log_every": 5, "checkpoint.every_steps": 2,
         "checkpoint.keep_last": 3, "scaling.min_workers": min_w, "scaling.max_workers": max_w,
         "scaling.resources_per_worker": "{trainer: 1}", "scaling.elastic_resize_monitor_interval_s": 3,
-        "scaling.max_failures": 10, "wandb.mode": "disabled",
+        "scaling.max_failures": 10, "scaling.worker_group_start_timeout_s": 20, "wandb.mode": "disabled",
     }
     return [f"{k}={v}" for k, v in o.items()] + list(extra or [])
 

@@ -89,6 +89,8 @@ def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool):
     from elastic.train.loop import train_loop_per_worker
 
     s = cfg.scaling
+    # Read by the Ray Train controller (Ray propagates it from the driver).
+    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(s.worker_group_start_timeout_s)
     num_workers = s.min_workers if s.min_workers == s.max_workers else (s.min_workers, s.max_workers)
     resources = {"CPU": s.cpus_per_worker, **s.resources_per_worker}
     if gpu:

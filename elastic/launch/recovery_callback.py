@@ -34,6 +34,8 @@ class RecoveryEventsCallback(ControllerCallback):
         self._write({"event": "resize_decision", "num_workers": int(resize_decision.num_workers)})
 
     def after_controller_state_update(self, previous_state, current_state) -> None:
+        if type(previous_state) is type(current_state):
+            return  # RunningState → RunningState every poll: not an event
         rec = {"event": "controller_state", "from": type(previous_state).__name__, "to": type(current_state).__name__}
         err = getattr(current_state, "training_failed_error", None)
         if err is not None:
