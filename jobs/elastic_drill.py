@@ -21,7 +21,7 @@ from elastic.launch.drill import print_report, run_drill  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--out", default=None, help="working directory (default: a new temp dir)")
     ap.add_argument("--json", default="bench/results/elastic_drill.json", help="where to write the figures")
     ap.add_argument("--no-baseline", action="store_true", help="skip the fixed-world-size comparison run")

@@ -43,7 +43,12 @@ def main(argv=None) -> int:
     print(f"[elastic] checkpoints: {res.run_dir}  (latest: {res.checkpoint})")
     print(f"[elastic] metrics:     {os.path.join(res.local_dir, 'metrics.jsonl')}")
     print(f"[elastic] summary:     {os.path.join(res.local_dir, 'summary.json')}")
-    print(f"[elastic] logs:        Ray session logs under /tmp/ray/session_latest/logs (worker stdout above)")
+    print(f"[elastic] events:      {os.path.join(res.local_dir, 'events.jsonl')}")
+    print(f"[elastic] logs:        {res.ray_logs} (worker output is also streamed above)")
+    if s.get("restarts"):
+        from elastic.launch.recovery import analyze, format_table
+
+        print(format_table(analyze(res.local_dir)))
     return 0
 
 

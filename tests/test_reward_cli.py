@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from reward_helpers import FIXTURES, REPO
+from tests.reward_helpers import FIXTURES, REPO
 
 
 def cli(*args, cache):

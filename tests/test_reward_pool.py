@@ -8,7 +8,7 @@ import time
 import pytest
 
 from elastic.config.schema import RewardSection
-from reward_helpers import FIXTURES, leftover_cgroups, leftover_programs, leftover_scratch
+from tests.reward_helpers import FIXTURES, leftover_cgroups, leftover_programs, leftover_scratch
 
 
 def fence(lang, src):

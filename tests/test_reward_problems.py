@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from elastic.reward import evaluate, load_problem
-from reward_helpers import FIXTURES, SHIPPED, fast_settings
+from tests.reward_helpers import FIXTURES, SHIPPED, fast_settings
 
 SHIPPED_PROBLEMS = sorted(SHIPPED.glob("*/problem.yaml"))
 

@@ -18,7 +18,7 @@ import pytest
 
 from elastic.reward import evaluate, load_problem
 from elastic.reward.isolation import detect
-from reward_helpers import FIXTURES, fast_settings, leftover_cgroups, leftover_programs, leftover_scratch
+from tests.reward_helpers import FIXTURES, fast_settings, leftover_cgroups, leftover_programs, leftover_scratch
 
 SOLVE = r"""
 #include <stdio.h>

@@ -10,7 +10,7 @@ import pytest
 from elastic.config import ConfigError, from_dict
 from elastic.reward import ProblemError, Result, extract_code, load_problem, load_problems, speedup_reward
 from elastic.reward.checkers import check
-from reward_helpers import FIXTURES
+from tests.reward_helpers import FIXTURES
 
 
 def test_reward_bounded_and_monotone():

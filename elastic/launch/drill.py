@@ -104,7 +104,7 @@ def final_losses(metrics: List[Dict]) -> Dict[int, float]:
     return out
 
 
-def run_drill(out_dir: str, steps: int = 30, add_after: int = 4, gap: int = 3, timeout: float = 900, baseline: bool = True) -> Dict:
+def run_drill(out_dir: str, steps: int = 40, add_after: int = 4, gap: int = 3, timeout: float = 900, baseline: bool = True) -> Dict:
     os.makedirs(out_dir, exist_ok=True)
     storage = os.path.join(out_dir, "runs")
     cluster = LocalCluster(head_cpus=2, head_resources={"trainer": 1},

@@ -124,6 +124,17 @@ class PretrainResult:
     wall_s: float
     checkpoint: Optional[str]
     summary: dict
+    ray_logs: str = ""
+
+
+def ray_logs_dir() -> str:
+    """The connected Ray session's log directory on this node (private API; best effort)."""
+    try:
+        import ray
+
+        return os.path.join(ray._private.worker.global_worker.node.get_session_dir_path(), "logs")
+    except Exception:
+        return "the Ray session's logs/ directory on the head node"
 
 
 def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str]) -> dict:
@@ -165,4 +176,4 @@ def run_pretraining(cfg: Config) -> PretrainResult:
     if result.error is not None:
         raise result.error
     wall = time.time() - t0
-    return PretrainResult(paths.run_dir, paths.local_dir, wall, ckpt, summarize(paths, wall, ckpt))
+    return PretrainResult(paths.run_dir, paths.local_dir, wall, ckpt, summarize(paths, wall, ckpt), ray_logs_dir())

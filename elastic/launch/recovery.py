@@ -7,7 +7,7 @@ rank 0, and the controller's `failure_decision` / `resize_decision` events) and
 For every start after the first:
   cause        "failure" if the controller made a failure decision since the previous start
                (it then also decides a resize to restart), else "resize" if it decided a
-               resize; "relaunch" if neither (a new driver resumed the run)
+               resize; "relaunch" when a new controller started (a new driver resumed the run)
   recovery_s   from that decision (for a relaunch: from the previous attempt's last step)
                to the first step completed by the new worker group
   steps_redone last step completed before the restart minus the step resumed from
@@ -48,12 +48,16 @@ def analyze(local_dir: str) -> Dict:
         done_before = [r for r in steps if prev["time"] <= r["time"] <= cur["time"]]
         last_step = max((r["step"] for r in done_before), default=prev["step"])
         failures = [d for d in before if d["event"] == "failure_decision"]
-        if failures:  # a failure is followed by the policy's resize decision to restart: failure wins
+        relaunched = any(e.get("event") == "controller_state" and e.get("from") == "InitializingState"
+                         and prev["time"] <= e["time"] <= cur["time"] for e in events)
+        if relaunched:  # a new driver/controller resumed the run (its first decision is no cause)
+            cause, t0 = "relaunch", max((r["time"] for r in done_before), default=prev["time"])
+        elif failures:  # a failure is followed by the policy's resize decision to restart: failure wins
             cause, t0 = "failure", failures[0]["time"]
         elif before:
             cause, t0 = "resize", before[0]["time"]
         else:
-            cause, t0 = "relaunch", max((r["time"] for r in done_before), default=prev["time"])
+            cause, t0 = "unknown", max((r["time"] for r in done_before), default=prev["time"])
         after = [r for r in steps if r["time"] >= cur["time"]]
         first_after = min(after, key=lambda r: r["time"]) if after else None
         restarts.append({
