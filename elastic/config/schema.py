@@ -38,13 +38,14 @@ class DataSection:
     # Path to a HF tokenizers `tokenizer.json`; empty trains a byte-level BPE on a sample of the
     # corpus and saves it in the run directory (reused on restart so token ids never change).
     tokenizer: str = ""
-    vocab_size: int = 4096
+    vocab_size: int = 2048
     tokenizer_sample_mb: float = 8.0
     seq_len: int = 256
     # Documents are packed within "shards" of roughly this many bytes of raw text. A shard is the
     # unit of deterministic packing and of seeking on resume (resume cost <= one shard).
     shard_mb: float = 1.0
-    # Shuffle the order of shards each epoch (deterministic in run.seed and the epoch).
+    # Shuffle the order of shards each epoch, and of samples within each shard (deterministic
+    # in run.seed, the epoch and the shard).
     shuffle: bool = True
     # CPUs reserved by each tokenize+pack Ray Data task.
     tokenize_cpus: float = 1.0
@@ -75,12 +76,12 @@ class ModelSection:
 class TrainSection:
     """Optimisation. Global batch is in sequences and never depends on the world size."""
 
-    steps: int = 150
+    steps: int = 100
     global_batch_size: int = 16
-    micro_batch_size: int = 4
+    micro_batch_size: int = 8
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
-    warmup_steps: int = 15
+    warmup_steps: int = 10
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95

@@ -2,7 +2,7 @@
 
 The stream is: for epoch 0, 1, ...: the shards in that epoch's order (a seeded permutation),
 each shard's packed samples in order. A position is (epoch, index into the epoch's shard
-order, sample offset inside that shard). Seeking to a position skips whole shards without
+order, sample offset inside that shard's seeded sample order). Seeking to a position skips whole shards without
 reading them and drops at most one shard's leading samples, so resuming costs the same
 however much data was consumed.
 """
@@ -56,3 +56,10 @@ def shard_order(num_shards: int, epoch: int, seed: int, shuffle: bool) -> np.nda
     if not shuffle:
         return np.arange(num_shards)
     return np.random.default_rng([seed, epoch]).permutation(num_shards)
+
+
+def sample_order(n: int, seed: int, epoch: int, shard_id: int, shuffle: bool) -> np.ndarray:
+    """Order in which the `n` packed samples of a shard are visited in `epoch`."""
+    if not shuffle:
+        return np.arange(n)
+    return np.random.default_rng([seed, epoch, shard_id, 1]).permutation(n)

@@ -20,7 +20,7 @@ from typing import Callable, Dict, Iterator, List, Optional
 import numpy as np
 import pyarrow as pa
 
-from elastic.data.cursor import Cursor, sample_id, shard_order
+from elastic.data.cursor import Cursor, sample_id, sample_order, shard_order
 from elastic.data.documents import BadRows, read_shard
 from elastic.data.packing import pack_documents
 from elastic.data.shards import Shard, plan_shards
@@ -77,7 +77,7 @@ def prepare_data_plan(source: str, glob: str, fmt: str, text_field: str, tokeniz
                       tokenizer_save_path: str = "", tokenize_cpus: float = 1.0, report_bad_rows: int = 5) -> DataPlan:
     """Driver-side planning; raises DataError (one line) for missing or unreadable input."""
     files = resolve_files(source, glob, fmt)
-    shards = plan_shards(files, max(1, int(shard_mb * 2**20)))
+    shards = plan_shards(files, max(1, int(shard_mb * 2**20)), seed if shuffle else None)
     sample = _tokenizer_sample(files, shards, text_field, int(tokenizer_sample_mb * 2**20)) if not tokenizer else []
     if not tokenizer and not sample:
         raise DataError(f"data.source {source}: no valid documents found (every row was malformed or empty)")
@@ -122,14 +122,18 @@ def tokenize_and_pack(batch: Dict[str, np.ndarray], plan: DataPlan) -> Dict[str,
         n = len(packed["n_real"])
         skip = int(batch["skip"][a])
         bad = next((s for s in batch["bad_rows"][a:b].tolist() if s), "")
-        keep = range(min(skip, n), n)
-        for j, i in enumerate(keep):
+        # Consecutive samples of a shard come from the same few files: visit them in a seeded
+        # order so a global batch mixes the whole shard. `offset` is the position in that
+        # order (what the cursor counts); the sample id keeps the packing index (stable).
+        order = sample_order(n, plan.seed, keys[a][0], int(shard_ids[a]), plan.shuffle)
+        for j, off in enumerate(range(min(skip, n), n)):
+            i = int(order[off])
             for k in ("tokens", "positions", "doc_ids", "n_real"):
                 out[k].append(packed[k][i])
             out["sample_id"].append(sample_id(int(shard_ids[a]), i))
             out["epoch"].append(keys[a][0])
             out["shard_pos"].append(keys[a][1])
-            out["offset"].append(i)
+            out["offset"].append(off)
             out["shard_samples"].append(n)
             out["bad_rows"].append(bad if j == 0 else "")
     L = plan.seq_len

@@ -10,7 +10,9 @@ data cursor points into the shard sequence, so resuming never re-reads earlier s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Tuple
+from typing import List, Optional, Tuple
+
+import numpy as np
 
 from elastic.data.sources import DataError, SourceFile, filesystem_for
 
@@ -61,18 +63,24 @@ def _pieces_of(f: SourceFile, shard_bytes: int) -> List[Piece]:
     return [Piece(f.uri, f.format, 0, -1, f.size)]
 
 
-def plan_shards(files: List[SourceFile], shard_bytes: int) -> List[Shard]:
-    """Group consecutive pieces into shards of about `shard_bytes` (a piece is never split)."""
+def plan_shards(files: List[SourceFile], shard_bytes: int, seed: Optional[int] = None) -> List[Shard]:
+    """Group pieces into shards of about `shard_bytes` (a piece is never split).
+
+    With a seed, pieces are grouped in a seeded random order, so every shard mixes files from
+    the whole corpus (sorted neighbours tend to be one topic or format); the plan is still a
+    pure function of the file list and the seed."""
+    pieces = [p for f in files for p in _pieces_of(f, shard_bytes)]
+    if seed is not None:
+        pieces = [pieces[i] for i in np.random.default_rng([seed, 2]).permutation(len(pieces))]
     shards: List[Shard] = []
     cur: List[Piece] = []
     acc = 0
-    for f in files:
-        for p in _pieces_of(f, shard_bytes):
-            if cur and acc + p.size > shard_bytes:
-                shards.append(Shard(len(shards), tuple(cur)))
-                cur, acc = [], 0
-            cur.append(p)
-            acc += p.size
+    for p in pieces:
+        if cur and acc + p.size > shard_bytes:
+            shards.append(Shard(len(shards), tuple(cur)))
+            cur, acc = [], 0
+        cur.append(p)
+        acc += p.size
     if cur:
         shards.append(Shard(len(shards), tuple(cur)))
     return shards

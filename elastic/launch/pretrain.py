@@ -91,6 +91,9 @@ def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool):
     s = cfg.scaling
     # Read by the Ray Train controller (Ray propagates it from the driver).
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(s.worker_group_start_timeout_s)
+    # Ray Train's print patch re-emits every worker print through its logger, which the driver
+    # then shows twice; worker stdout already reaches the driver and the Ray log files.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     num_workers = s.min_workers if s.min_workers == s.max_workers else (s.min_workers, s.max_workers)
     resources = {"CPU": s.cpus_per_worker, **s.resources_per_worker}
     if gpu:
