@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Dict, List
 
 import numpy as np
+
+from elastic.launch.recovery import read_jsonl  # noqa: F401  (re-exported for tests)
 
 WORDS = ["alpha", "beta", "gamma", "delta", "elastic", "ray", "torch", "shard", "\n", "def", "(", ")", "return", "x", "=", "1"]
 
@@ -18,12 +19,6 @@ def make_text_corpus(d: Path, n_docs: int = 60, seed: int = 0, max_words: int = 
         n = int(rng.integers(5, max_words))
         (d / f"doc{i:04d}.txt").write_text(" ".join(rng.choice(WORDS, size=n)))
     return d
-
-
-def read_jsonl(path: Path) -> List[Dict]:
-    if not Path(path).exists():
-        return []
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def small_run_overrides(storage: Path, name: str, corpus: Path, steps: int, **extra) -> List[str]:

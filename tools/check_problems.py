@@ -67,48 +67,11 @@ class Invalid(Exception):
 
 
 # --------------------------------------------------------------------------- checkers
-def _norm_exact(data: bytes) -> list[bytes]:
-    lines = [ln.rstrip() for ln in data.split(b"\n")]
-    while lines and lines[-1] == b"":
-        lines.pop()
-    return lines
+# The evaluator's own checker, so the problem set is validated with the semantics it is scored by.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from elastic.reward.checkers import check as check_output  # noqa: E402
 
 
-def _is_num(tok: bytes):
-    try:
-        return float(tok)
-    except ValueError:
-        return None
-
-
-def check_output(checker: str, got: bytes, want: bytes) -> tuple[bool, str]:
-    """Return (ok, reason)."""
-    if checker == "exact":
-        g, w = _norm_exact(got), _norm_exact(want)
-        if g == w:
-            return True, ""
-        for i, (a, b) in enumerate(zip(g, w)):
-            if a != b:
-                return False, f"line {i + 1} differs: got {a[:60]!r}, want {b[:60]!r}"
-        return False, f"line count differs: got {len(g)}, want {len(w)}"
-    g, w = got.split(), want.split()
-    if len(g) != len(w):
-        return False, f"token count differs: got {len(g)}, want {len(w)}"
-    tol = None
-    if checker.startswith("float:"):
-        tol = float(checker.split(":", 1)[1])
-    for i, (a, b) in enumerate(zip(g, w)):
-        if a == b:
-            continue
-        if tol is not None:
-            fa, fb = _is_num(a), _is_num(b)
-            if fa is not None and fb is not None and abs(fa - fb) <= tol:
-                continue
-        return False, f"token {i + 1} differs: got {a[:40]!r}, want {b[:40]!r}"
-    return True, ""
-
-
-# --------------------------------------------------------------------------- problem.yaml
 def load_problem(pdir: Path) -> dict:
     yf = pdir / "problem.yaml"
     rel = yf.relative_to(ROOT)

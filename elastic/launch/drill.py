@@ -24,7 +24,7 @@ from typing import Dict, List, Optional
 
 from elastic.launch import ledger as ledger_lib
 from elastic.launch.local_cluster import LocalCluster
-from elastic.launch.recovery import analyze, format_table
+from elastic.launch.recovery import analyze, format_table, read_jsonl
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -43,19 +43,6 @@ def drill_overrides(storage: str, name: str, steps: int, min_w: int, max_w: int,
     return [f"{k}={v}" for k, v in o.items()] + list(extra or [])
 
 
-def _read(path: str) -> List[Dict]:
-    if not os.path.exists(path):
-        return []
-    out = []
-    with open(path) as f:
-        for line in f:
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass
-    return out
-
-
 class Job:
     """The pretraining driver as a subprocess attached to the cluster."""
 
@@ -71,10 +58,10 @@ class Job:
             self.proc = subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
 
     def metrics(self) -> List[Dict]:
-        return _read(os.path.join(self.dir, "metrics.jsonl"))
+        return read_jsonl(os.path.join(self.dir, "metrics.jsonl"))
 
     def events(self) -> List[Dict]:
-        return _read(os.path.join(self.dir, "events.jsonl"))
+        return read_jsonl(os.path.join(self.dir, "events.jsonl"))
 
     def wait_for(self, cond, what: str, timeout: float) -> None:
         end = time.time() + timeout

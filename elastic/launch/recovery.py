@@ -22,7 +22,8 @@ import os
 from typing import Dict, List
 
 
-def _read(path: str) -> List[Dict]:
+def read_jsonl(path: str) -> List[Dict]:
+    """Records of a JSON-lines file; a line cut short by a crash is skipped."""
     if not os.path.exists(path):
         return []
     out = []
@@ -38,8 +39,8 @@ def _read(path: str) -> List[Dict]:
 
 
 def analyze(local_dir: str) -> Dict:
-    events = _read(os.path.join(local_dir, "events.jsonl"))
-    steps = [r for r in _read(os.path.join(local_dir, "metrics.jsonl")) if "step" in r]
+    events = read_jsonl(os.path.join(local_dir, "events.jsonl"))
+    steps = [r for r in read_jsonl(os.path.join(local_dir, "metrics.jsonl")) if "step" in r]
     starts = sorted((e for e in events if e.get("event") == "start"), key=lambda e: e["time"])
     decisions = sorted((e for e in events if e.get("event") in ("failure_decision", "resize_decision")), key=lambda e: e["time"])
     restarts = []
