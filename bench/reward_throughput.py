@@ -34,7 +34,7 @@ from elastic.reward.checkers import check  # noqa: E402
 from elastic.reward.evaluator import default_sandbox  # noqa: E402
 from elastic.reward.problems import load_problem  # noqa: E402
 from elastic.reward.programs import COMPILE, compile_limits, compiled  # noqa: E402
-from elastic.reward.timing import bench_input, instruction_tool, measure  # noqa: E402
+from elastic.reward.timing import bench_input, measure  # noqa: E402
 
 
 def baseline_eps(problem, src, lang, stdin: Path, items: int) -> float:

@@ -9,7 +9,6 @@ steps: only the order of floating-point reductions differs (reduce-scatter vs lo
 import os
 
 import numpy as np
-import pytest
 import torch
 
 from elastic.config import from_dict

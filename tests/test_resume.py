@@ -24,7 +24,7 @@ def _ledger_by_step(path):
 def test_stop_and_resume_matches_uninterrupted_run(ray_local, tmp_path):
     corpus = make_text_corpus(tmp_path / "corpus")
     store = tmp_path / "runs"
-    a = run_pretraining(load_config(None, small_run_overrides(store, "a", corpus, STEPS)))
+    run_pretraining(load_config(None, small_run_overrides(store, "a", corpus, STEPS)))
     b1 = run_pretraining(load_config(None, small_run_overrides(store, "b", corpus, STEPS, **{"train.until_step": STOP})))
     assert b1.summary["last_step"] == STOP and b1.checkpoint.endswith("step_00000003")
     b2 = run_pretraining(load_config(None, small_run_overrides(store, "b", corpus, STEPS)))

@@ -206,12 +206,10 @@ class DatasetFactory:
     plan: DataPlan
     cursor_fn: Callable[[], Cursor]
     samples_total: int
-    last_cursor: Optional[Cursor] = field(default=None, init=False)
 
     def __call__(self):
         configure_data_context()
         cur = self.cursor_fn()
-        self.last_cursor = cur
         log.info("data stream starts at epoch %d shard %d offset %d (%d samples consumed)", cur.epoch, cur.shard_pos, cur.offset, cur.consumed)
         return build_dataset(self.plan, cur, epochs_needed(self.plan, cur, max(0, self.samples_total - cur.consumed)))
 

@@ -14,7 +14,6 @@ loss difference from the fixed-size run.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess

@@ -82,7 +82,6 @@ def use_gpu(cfg: Config) -> bool:
 
 
 def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool):
-    import ray.train
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 

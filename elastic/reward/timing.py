@@ -41,7 +41,7 @@ from typing import Iterator, List, Optional, Tuple
 
 from elastic.reward.problems import Problem
 from elastic.reward.programs import classify, run_binary
-from elastic.reward.sandbox import Limits, RunOutcome, Sandbox
+from elastic.reward.sandbox import Limits, Sandbox
 
 GEN_BENCH_TIMEOUT_S = 300.0
 

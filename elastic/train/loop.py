@@ -13,7 +13,6 @@ import os
 import time
 from typing import Any, Dict
 
-import numpy as np
 import ray.train
 import torch
 import torch.distributed as dist
@@ -60,7 +59,6 @@ def append_jsonl(path: str, record: Dict[str, Any]) -> None:
 def train_loop_per_worker(config: Dict[str, Any]) -> None:
     cfg = from_dict(config["cfg"])
     plan: DataPlan = config["plan"]
-    run_dir: str = config["run_dir"]
     local_dir: str = config["local_dir"]  # metrics/ledger/events (a local mirror when storage is remote)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
