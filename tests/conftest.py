@@ -38,3 +38,13 @@ def ray_local():
              runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"], "WANDB_MODE": "disabled"}})
     yield ray
     ray.shutdown()
+
+
+def pytest_report_header(config):
+    """Say in every test log which sandbox isolation layers this machine provides."""
+    try:
+        from elastic.reward.isolation import detect
+
+        return f"sandbox isolation layers: {detect().report()}"
+    except Exception as e:  # the header must never break collection
+        return f"sandbox isolation layers: detection failed ({type(e).__name__}: {e})"

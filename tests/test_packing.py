@@ -1,5 +1,6 @@
 """Packing loses and duplicates no token, also through the real Ray Data pipeline."""
 
+import os
 from collections import Counter
 
 import numpy as np
@@ -70,3 +71,34 @@ def test_resume_from_cursor_continues_exactly(ray_local, corpus, tmp_path):
     resumed = GlobalBatches(None, make, part.cursor, 4, plan.num_shards)
     assert [resumed.next()["sample_id"].tolist() for _ in range(7)] == ref[5:]
     assert resumed.cursor == full.cursor
+
+
+def test_seek_never_reads_shards_before_the_cursor(ray_local, tmp_path):
+    """Resuming costs the same however far the run got: the files of every shard before the
+    cursor are deleted, and the stream from the cursor is still exactly the rest."""
+    import shutil
+
+    src = tmp_path / "corpus"
+    shutil.copytree(make_corpus_dir(tmp_path / "orig"), src)
+    configure_data_context()
+    plan = prepare_data_plan(str(src), "**/*.txt", "auto", "text", "", 300, 1.0, 64, 2 / 1024, 3, False,
+                             tokenizer_save_path=str(tmp_path / "tok.json"))
+    make = lambda c: build_dataset(plan, c, epochs=1)  # noqa: E731
+    full = GlobalBatches(None, make, Cursor(), 4, plan.num_shards)
+    batches = [full.next()["sample_id"].tolist() for _ in range(12)]
+    head = GlobalBatches(None, make, Cursor(), 4, plan.num_shards)
+    for _ in range(8):
+        head.next()
+    cur = head.cursor
+    assert cur.shard_pos >= 2, cur  # the test needs whole shards behind the cursor
+    for shard in plan.shards[: cur.shard_pos]:  # shuffle=False: epoch order is shard id order
+        for piece in shard.pieces:
+            os.remove(piece.uri)
+    resumed = GlobalBatches(None, make, cur, 4, plan.num_shards)
+    assert [resumed.next()["sample_id"].tolist() for _ in range(4)] == batches[8:]
+
+
+def make_corpus_dir(d):
+    from tests.helpers import make_text_corpus
+
+    return make_text_corpus(d, n_docs=40, seed=1)
