@@ -70,6 +70,7 @@ class Invalid(Exception):
 # The evaluator's own checker, so the problem set is validated with the semantics it is scored by.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from elastic.reward.checkers import check as check_output  # noqa: E402
+from elastic.reward.sandbox import Limits  # noqa: E402
 
 
 def load_problem(pdir: Path) -> dict:
@@ -354,6 +355,10 @@ def check_problem(pdir: Path, work: Path, args) -> Report:
             rep.errors.append(f"bench: fast output differs from reference ({why})")
         if outs["reference"].stat().st_size == 0:
             rep.errors.append("bench: reference output is empty")
+        cap = Limits().stdout_bytes  # what the sandbox captures before killing a run
+        if outs["reference"].stat().st_size > cap:
+            rep.errors.append(f"bench: reference output is {outs['reference'].stat().st_size / 2**20:.1f} MiB, over the "
+                              f"sandbox's stdout cap of {cap / 2**20:.0f} MiB")
     if not args.skip_timing and rep.ref_s is not None and rep.fast_s is not None:
         if not (REF_MIN_S <= rep.ref_s <= REF_MAX_S):
             rep.errors.append(f"bench: reference took {rep.ref_s:.3f}s {'wall' if args.wall else 'cpu'} "

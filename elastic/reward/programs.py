@@ -89,7 +89,8 @@ def classify(o: RunOutcome, limits: Limits) -> Tuple[str, str]:
     dies on a NULL pointer). Peak memory is the run cgroup's max usage (the wrapper's rusage
     does not include the namespaced program); without a memory cgroup only the rusage and
     stderr evidence remain, so such a crash may be reported as runtime_error.
-    A failing run with no such evidence is a runtime_error.
+    SIGXFSZ (file size limit) is checked first. A failing run with no such evidence is a
+    runtime_error.
     """
     if o.sandbox_failed:
         return "sandbox_error", o.sandbox_error
@@ -99,12 +100,14 @@ def classify(o: RunOutcome, limits: Limits) -> Tuple[str, str]:
         return "runtime_error", "output limit exceeded"
     if o.ok:
         return "ok", ""
+    if o.signal == signal.SIGXFSZ:
+        # A definite signal beats the memory heuristics below: cgroup v1 peak usage includes
+        # the page cache of the file being written, so a disk filler can look "near the limit".
+        return "runtime_error", "file size limit exceeded"
     peak = max(o.max_rss_kb * 1024, o.cgroup.max_memory_bytes or 0)
     near_limit = peak >= 0.9 * (limits.memory_mb << 20)
     if o.cgroup.memory_limit_hit or any(m in o.stderr for m in _OOM_MARKERS) or near_limit:
         return "memory_limit", f"memory limit {limits.memory_mb} MB exceeded (peak {peak >> 20} MB)"
-    if o.signal == signal.SIGXFSZ:
-        return "runtime_error", "file size limit exceeded"
     if o.signal is not None:
         try:
             name = signal.Signals(o.signal).name
