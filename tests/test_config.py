@@ -59,3 +59,11 @@ def test_entry_point_rejects_bad_key_before_ray_starts(tmp_path):
     assert "train.stepz: unknown key" in r.stderr
     assert "Started a local Ray instance" not in r.stderr + r.stdout
     assert not (tmp_path / "tiny-demo").exists()
+
+
+def test_shipped_configs_load_and_tiny_is_the_embedded_default():
+    from elastic.config import to_dict
+
+    assert to_dict(load_config(str(REPO / "jobs" / "configs" / "tiny.yaml"))) == to_dict(load_config(None))
+    for p in sorted((REPO / "jobs" / "configs").glob("*.yaml")):
+        load_config(str(p))  # every shipped config is valid
