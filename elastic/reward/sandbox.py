@@ -207,6 +207,9 @@ class Sandbox:
         out = RunOutcome()
         cg: Optional[RunCgroup] = None
         factory = self.iso.cgroups
+        # Leftovers of an owner killed mid-run (a killed pool actor) go as soon as any sandbox on
+        # the node runs again, not only when a new one starts: two listings and pid checks.
+        self.sweep_stale()
         if factory is not None and (factory.pids or factory.memory):
             try:
                 cg = factory.create(limits.pids, (limits.memory_mb + limits.scratch_mb * 2 + 64) << 20)
