@@ -287,6 +287,11 @@ class GlobalBatches:
         self._it = self._batches(self.make_dataset(self.cursor))
         return None
 
+    def take_bad_rows(self) -> BadRows:
+        """Malformed rows met since the last call (each shard's record arrives with its first sample)."""
+        out, self.bad_rows = self.bad_rows, BadRows(keep=self.bad_rows.keep)
+        return out
+
     def next(self) -> Dict[str, np.ndarray]:
         """The next global batch (exactly B rows) and advance the cursor past it."""
         parts, have = [], 0

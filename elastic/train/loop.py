@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from elastic.config import from_dict, resolved_model_dims
 from elastic.data.cursor import Cursor
+from elastic.data.documents import BadRows
 from elastic.data.pipeline import DataPlan, GlobalBatches, build_dataset, epochs_needed
 from elastic.model import ModelArgs, Transformer, choose_backend, flops_per_token
 from elastic.train import checkpoint as ckpt_lib
@@ -109,8 +110,6 @@ def train_loop_per_worker(config: Dict[str, Any]) -> None:
         return build_dataset(plan, c, epochs_needed(plan, c, max(0, samples_total - c.consumed)))
 
     batches = GlobalBatches(ray.train.get_dataset_shard("train"), make_dataset, cursor, B, plan.num_shards)
-    from elastic.data.documents import BadRows
-
     bad_total = BadRows.from_dict(counters.get("bad_rows", {}), keep=plan.report_bad_rows)
     fpt = flops_per_token(args, plan.seq_len)
     peak, peak_src = peak_flops(device)
@@ -126,25 +125,26 @@ def train_loop_per_worker(config: Dict[str, Any]) -> None:
         gb = batches.next()
         data_wait = time.perf_counter() - t0
         local = {k: gb[k][rank * per_rank:(rank + 1) * per_rank] for k in ("tokens", "positions", "doc_ids")}
-        out = train_step(model, opt, local, label_tokens(gb), t.micro_batch_size, world, t.grad_clip, device, backend)
+        n_labels = label_tokens(gb)  # the whole global batch's: the loss normaliser on every rank
+        out = train_step(model, opt, local, n_labels, t.micro_batch_size, world, t.grad_clip, device, backend)
         lr = sched.get_last_lr()[0]
         sched.step()
         loss_sum = out["loss_sum"].clone()
         dist.all_reduce(loss_sum)  # also a barrier: step time is the slowest rank's
+        loss = float(loss_sum) / max(1, n_labels)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         step_s = time.perf_counter() - t0
         attempt_useful += step_s
         tokens = int(gb["n_real"].sum())
         counters["tokens"] = int(counters["tokens"]) + tokens
-        bad_total.merge(batches.bad_rows)
-        batches.bad_rows = BadRows(keep=plan.report_bad_rows)
+        bad_total.merge(batches.take_bad_rows())
         if ledger:
             append_jsonl(ledger, {"step": step + 1, "rank": rank, "world_size": world, "start_time": start_time,
                                   "sample_ids": gb["sample_id"][rank * per_rank:(rank + 1) * per_rank].tolist()})
         if rank == 0:
             rec = {
-                "step": step + 1, "loss": float(loss_sum) / max(1, label_tokens(gb)), "lr": lr,
+                "step": step + 1, "loss": loss, "lr": lr,
                 "grad_norm": out["grad_norm"], "tokens": tokens, "tokens_per_s": tokens / step_s,
                 "mfu": fpt * tokens / step_s / (peak * world), "data_wait_s": data_wait, "step_s": step_s,
                 "world_size": world, "samples_consumed": batches.cursor.consumed, "bad_rows": bad_total.total,
@@ -167,7 +167,7 @@ def train_loop_per_worker(config: Dict[str, Any]) -> None:
                      "counters": counters, "world_size": world, "time": time.time(),
                      "flops_per_token": fpt, "peak_flops": peak, "peak_flops_source": peak_src}
             local_ckpt = ckpt_lib.save_local(model, opt, state)
-            ray.train.report({"step": step + 1, "loss": float(loss_sum) / max(1, label_tokens(gb))},
+            ray.train.report({"step": step + 1, "loss": loss},
                              checkpoint=ray.train.Checkpoint.from_directory(local_ckpt),
                              checkpoint_dir_name=ckpt_lib.checkpoint_dir_name(step + 1))
             ckpt_lib.cleanup_local(local_ckpt)
