@@ -61,6 +61,20 @@ def _decode(raw: bytes, where: str, bad: BadRows):
     return text
 
 
+def _row_text(value, where: str, field_name: str, bad: BadRows):
+    """The one rule for a row's text field (JSONL and Parquet alike): text or UTF-8 bytes that
+    are not blank; anything else is recorded as a bad row and yields None."""
+    if isinstance(value, bytes):
+        return _decode(value, where, bad)
+    if not isinstance(value, str):
+        bad.add("missing_field", f"{where} (no text in field {field_name!r})")
+        return None
+    if not value.strip():
+        bad.add("empty_text", where)
+        return None
+    return value
+
+
 def _read_text(p: Piece, bad: BadRows) -> Iterator[str]:
     fs, path = filesystem_for(p.uri)
     with fs.open_input_stream(path) as s:
@@ -102,14 +116,9 @@ def _read_jsonl(p: Piece, field_name: str, bad: BadRows) -> Iterator[str]:
             except json.JSONDecodeError as e:
                 bad.add("bad_json", f"{where} ({e.msg})")
                 continue
-            text = obj.get(field_name) if isinstance(obj, dict) else None
-            if not isinstance(text, str):
-                bad.add("missing_field", f"{where} (no string field {field_name!r})")
-                continue
-            if not text.strip():
-                bad.add("empty_text", where)
-                continue
-            yield text
+            text = _row_text(obj.get(field_name) if isinstance(obj, dict) else None, where, field_name, bad)
+            if text is not None:
+                yield text
 
 
 def _readline(f) -> bytes:
@@ -146,20 +155,9 @@ def _read_parquet(p: Piece, field_name: str, bad: BadRows) -> Iterator[str]:
         for v in col:
             where = f"{p.uri}:row{row}"
             row += 1
-            if v is None:
-                bad.add("missing_field", f"{where} (null {field_name!r})")
-                continue
-            if isinstance(v, bytes):
-                v = _decode(v, where, bad)
-                if v is None:
-                    continue
-            if not isinstance(v, str):
-                bad.add("missing_field", f"{where} ({field_name!r} is not text)")
-                continue
-            if not v.strip():
-                bad.add("empty_text", where)
-                continue
-            yield v
+            text = _row_text(v, where, field_name, bad)
+            if text is not None:
+                yield text
 
 
 def read_shard(shard: Shard, text_field: str, keep_examples: int = 5) -> Tuple[List[str], BadRows]:
