@@ -7,20 +7,17 @@ record of a step counts (the earlier one's gradient was discarded with the resta
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from typing import Dict, List
+
+from elastic.records import read_records
 
 
 def final_assignment(path: str) -> Dict[int, Dict[int, List[int]]]:
     """step -> rank -> sample ids, from the last attempt that ran each step."""
     by_step: Dict[int, Dict[float, Dict[int, List[int]]]] = {}
-    with open(path) as f:
-        for line in f:
-            if not line.strip():
-                continue
-            r = json.loads(line)
-            by_step.setdefault(r["step"], {}).setdefault(r["start_time"], {})[r["rank"]] = r["sample_ids"]
+    for r in read_records(path):
+        by_step.setdefault(r["step"], {}).setdefault(r["start_time"], {})[r["rank"]] = r["sample_ids"]
     return {s: attempts[max(attempts)] for s, attempts in by_step.items()}
 
 

@@ -140,11 +140,10 @@ def ray_logs_dir() -> str:
 
 
 def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str]) -> dict:
-    recs = []
-    mpath = os.path.join(paths.local_dir, "metrics.jsonl")
-    if os.path.exists(mpath):
-        with open(mpath) as f:
-            recs = [json.loads(line) for line in f if line.strip()]
+    from elastic.records import METRICS, read_records
+
+    mpath = os.path.join(paths.local_dir, METRICS)
+    recs = [r for r in read_records(mpath) if "step" in r]
     s = {"wall_s": round(wall_s, 1), "checkpoint": checkpoint, "metrics": mpath, "steps_logged": len(recs)}
     if recs:
         s.update(first_loss=recs[0]["loss"], last_loss=recs[-1]["loss"], last_step=recs[-1]["step"],

@@ -17,30 +17,17 @@ wall time from the first start to the last completed step.
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Dict, List
+from typing import Dict
 
+from elastic.records import EVENTS, METRICS, read_records
 
-def read_jsonl(path: str) -> List[Dict]:
-    """Records of a JSON-lines file; a line cut short by a crash is skipped."""
-    if not os.path.exists(path):
-        return []
-    out = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                try:
-                    out.append(json.loads(line))
-                except json.JSONDecodeError:
-                    pass  # a line cut by a crash
-    return out
+read_jsonl = read_records  # the one tolerant reader (elastic/records.py)
 
 
 def analyze(local_dir: str) -> Dict:
-    events = read_jsonl(os.path.join(local_dir, "events.jsonl"))
-    steps = [r for r in read_jsonl(os.path.join(local_dir, "metrics.jsonl")) if "step" in r]
+    events = read_records(os.path.join(local_dir, EVENTS))
+    steps = [r for r in read_records(os.path.join(local_dir, METRICS)) if "step" in r]
     starts = sorted((e for e in events if e.get("event") == "start"), key=lambda e: e["time"])
     decisions = sorted((e for e in events if e.get("event") in ("failure_decision", "resize_decision")), key=lambda e: e["time"])
     restarts = []

@@ -8,11 +8,11 @@ were redone. Uses Ray Train's ControllerCallback hooks (a DeveloperAPI in Ray 2.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 
 from ray.train.v2._internal.execution.callback import ControllerCallback
+
+from elastic.records import append_record
 
 
 class RecoveryEventsCallback(ControllerCallback):
@@ -21,9 +21,7 @@ class RecoveryEventsCallback(ControllerCallback):
 
     def _write(self, rec: dict) -> None:
         try:
-            os.makedirs(os.path.dirname(self.events_path), exist_ok=True)
-            with open(self.events_path, "a") as f:
-                f.write(json.dumps({"time": time.time(), **rec}) + "\n")
+            append_record(self.events_path, {"time": time.time(), **rec})
         except OSError:
             pass  # accounting must never break training
 

@@ -8,7 +8,6 @@ report it to Ray Train.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any, Dict
@@ -22,6 +21,7 @@ from elastic.data.cursor import Cursor
 from elastic.data.documents import BadRows
 from elastic.data.pipeline import DataPlan, GlobalBatches, build_dataset, epochs_needed
 from elastic.model import ModelArgs, Transformer, choose_backend, flops_per_token
+from elastic.records import append_record
 from elastic.train import checkpoint as ckpt_lib
 from elastic.train.metrics import MetricsWriter, init_wandb, peak_flops
 from elastic.train.optim import build_optimizer, build_scheduler
@@ -49,12 +49,6 @@ def build_model(cfg, device: torch.device) -> tuple[Transformer, ModelArgs, str]
     model = Transformer(args, attention_backend=backend)
     model.init_weights(seed=cfg.run.seed)
     return model.to(device), args, backend
-
-
-def append_jsonl(path: str, record: Dict[str, Any]) -> None:
-    """One short line with O_APPEND: lines from several ranks never interleave."""
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
 
 
 def train_loop_per_worker(config: Dict[str, Any]) -> None:
@@ -94,10 +88,10 @@ def train_loop_per_worker(config: Dict[str, Any]) -> None:
     attempt_useful = 0.0
     os.makedirs(local_dir, exist_ok=True)
     events = os.path.join(local_dir, "events.jsonl")
-    append_jsonl(events, {"event": "worker", "time": start_time, "rank": rank, "world_size": world, "pid": os.getpid(),
+    append_record(events, {"event": "worker", "time": start_time, "rank": rank, "world_size": world, "pid": os.getpid(),
                           "node_id": ray.get_runtime_context().get_node_id()})
     if rank == 0:
-        append_jsonl(events, {
+        append_record(events, {
             "event": "start", "time": start_time, "world_size": world, "step": start_step,
             "resumed_from": ckpt.path if ckpt is not None else None, "attention_backend": backend,
             "device": str(device), "param_dtype": str(param_dtype).replace("torch.", "")})
@@ -140,7 +134,7 @@ def train_loop_per_worker(config: Dict[str, Any]) -> None:
         counters["tokens"] = int(counters["tokens"]) + tokens
         bad_total.merge(batches.take_bad_rows())
         if ledger:
-            append_jsonl(ledger, {"step": step + 1, "rank": rank, "world_size": world, "start_time": start_time,
+            append_record(ledger, {"step": step + 1, "rank": rank, "world_size": world, "start_time": start_time,
                                   "sample_ids": gb["sample_id"][rank * per_rank:(rank + 1) * per_rank].tolist()})
         if rank == 0:
             rec = {

@@ -9,11 +9,12 @@ ELASTIC_PEAK_FLOPS overrides both.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Dict, Optional
 
 import torch
+
+from elastic.records import append_record
 
 # Dense bf16 tensor-core peaks (datasheet, FLOP/s, without sparsity).
 GPU_PEAK_BF16 = {
@@ -56,8 +57,7 @@ class MetricsWriter:
         self.wandb = wandb_run
 
     def write(self, record: Dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_record(self.path, record)
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))}, step=record.get("step"))
 
