@@ -38,6 +38,10 @@ def main(argv=None) -> int:
         print(f"data error: {e}", file=sys.stderr)
         return 2
     s = res.summary
+    if res.stopped:
+        print(f"[elastic] run stopped at its own request: {res.stopped}", file=sys.stderr)
+        print(f"[elastic] last good checkpoint: {res.checkpoint}", file=sys.stderr)
+        return 3
     print(f"[elastic] done in {res.wall_s:.0f}s: loss {s.get('first_loss', float('nan')):.3f} -> {s.get('last_loss', float('nan')):.3f}, "
           f"{s.get('tokens_per_s', 0):.0f} tokens/s")
     print(f"[elastic] checkpoints: {res.run_dir}  (latest: {res.checkpoint})")

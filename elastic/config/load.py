@@ -25,8 +25,19 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+class _Override:
+    """A `--set` value: its YAML reading, and its text for string fields (YAML 1.1 would turn
+    `5:6` into 306 and `no` into False; a string field wants what the user typed)."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.value = _parse_scalar(text)
+
+
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Check (and gently coerce) `value` against the annotated type `tp`."""
+    if isinstance(value, _Override):
+        value = value.text if tp is str or (typing.get_origin(tp) is typing.Union and str in typing.get_args(tp)) else value.value
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin is typing.Union:  # Optional[X]
@@ -75,6 +86,8 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
             known = ", ".join(sorted(fields))
             raise ConfigError(f"{key}: unknown key (known: {known})")
         tp = hints[k]
+        if isinstance(v, _Override) and dataclasses.is_dataclass(tp):
+            v = v.value
         if dataclasses.is_dataclass(tp):
             if not isinstance(v, Mapping):
                 raise ConfigError(f"{key}: expected a section (mapping), got {v!r}")
@@ -104,7 +117,7 @@ def apply_overrides(raw: Dict[str, Any], overrides: Iterable[str]) -> Dict[str, 
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"{key}: {p} is not a section")
-        node[parts[-1]] = _parse_scalar(text)
+        node[parts[-1]] = _Override(text)
     return raw
 
 
@@ -174,6 +187,11 @@ def validate(cfg: Config) -> None:
     _check(t.activation_checkpointing in ("none", "full"), "train.activation_checkpointing", f"must be none|full, got {t.activation_checkpointing!r}")
     _check(0 <= t.until_step <= t.steps, "train.until_step", f"must be in [0, train.steps={t.steps}], got {t.until_step}")
     _check(t.log_every >= 1, "train.log_every", f"must be >= 1, got {t.log_every}")
+    _check(t.max_bad_steps >= 0, "train.max_bad_steps", f"must be >= 0 (0 = never stop), got {t.max_bad_steps}")
+    _check(t.spike_z > 0, "train.spike_z", f"must be > 0, got {t.spike_z}")
+    _check(t.comm_sample_every >= 0, "train.comm_sample_every", f"must be >= 0 (0 = never), got {t.comm_sample_every}")
+    _check(_valid_step_range(t.profile_steps), "train.profile_steps",
+           f"must be empty or 'a:b' with 1 <= a <= b (1-based steps), got {t.profile_steps!r}")
     _check(s.min_workers >= 1, "scaling.min_workers", f"must be >= 1, got {s.min_workers}")
     _check(s.max_workers >= s.min_workers, "scaling.max_workers", f"must be >= scaling.min_workers={s.min_workers}, got {s.max_workers}")
     _check(s.use_gpu in ("auto", "true", "false"), "scaling.use_gpu", f"must be auto|true|false, got {s.use_gpu!r}")
@@ -208,6 +226,17 @@ def validate(cfg: Config) -> None:
     _check(r.speedup_scale > 0, "reward.speedup_scale", f"must be > 0, got {r.speedup_scale}")
     _check(r.compile_time_limit_s > 0, "reward.compile_time_limit_s", f"must be > 0, got {r.compile_time_limit_s}")
     _check(r.instructions_time_limit_s > 0, "reward.instructions_time_limit_s", f"must be > 0, got {r.instructions_time_limit_s}")
+
+
+def _valid_step_range(spec: str) -> bool:
+    if not spec:
+        return True
+    a, _, b = spec.partition(":")
+    try:
+        lo, hi = int(a), int(b or a)
+    except ValueError:
+        return False
+    return 1 <= lo <= hi
 
 
 def resolved_model_dims(cfg: Config) -> Dict[str, Any]:

@@ -93,6 +93,17 @@ class TrainSection:
     # none | full: activation checkpointing per transformer block.
     activation_checkpointing: str = "none"
     log_every: int = 10
+    # Stability guard: a step whose loss or gradient norm is not finite is skipped (not applied);
+    # this many consecutive bad steps stop the run cleanly (0 = never stop). A loss more than
+    # `spike_z` standard deviations above the recent mean is flagged in events.jsonl.
+    max_bad_steps: int = 5
+    spike_z: float = 6.0
+    # Measure exposed communication (profiler) on every N-th step (0 = never); see
+    # elastic/train/profiling.py. Profiling costs ~10% of the step it samples.
+    comm_sample_every: int = 25
+    # "a:b": write a PyTorch profiler trace (Chrome/Perfetto JSON) of rank 0 for steps a..b into
+    # <run dir>/profile/. Empty: no trace.
+    profile_steps: str = ""
     # Stop this invocation after this step (0 = run to train.steps), checkpointing there; the
     # same run launched again resumes from it. For time-sliced clusters, tests and drills.
     until_step: int = 0

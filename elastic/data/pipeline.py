@@ -29,7 +29,7 @@ from elastic.data.tokenizer import TokenizerInfo, from_json, load_or_train
 
 log = logging.getLogger(__name__)
 
-SAMPLE_COLUMNS = ("tokens", "positions", "doc_ids", "n_real", "sample_id", "epoch", "shard_pos", "offset", "shard_samples", "bad_rows")
+SAMPLE_COLUMNS = ("tokens", "positions", "doc_ids", "labels", "n_real", "sample_id", "epoch", "shard_pos", "offset", "shard_samples", "bad_rows")
 
 
 @dataclass
@@ -128,7 +128,7 @@ def tokenize_and_pack(batch: Dict[str, np.ndarray], plan: DataPlan) -> Dict[str,
         order = sample_order(n, plan.seed, keys[a][0], int(shard_ids[a]), plan.shuffle)
         for j, off in enumerate(range(min(skip, n), n)):
             i = int(order[off])
-            for k in ("tokens", "positions", "doc_ids", "n_real"):
+            for k in ("tokens", "positions", "doc_ids", "labels", "n_real"):
                 out[k].append(packed[k][i])
             out["sample_id"].append(sample_id(int(shard_ids[a]), i))
             out["epoch"].append(keys[a][0])
@@ -139,7 +139,7 @@ def tokenize_and_pack(batch: Dict[str, np.ndarray], plan: DataPlan) -> Dict[str,
     L = plan.seq_len
     res = {}
     for k in SAMPLE_COLUMNS:
-        if k in ("tokens", "positions", "doc_ids"):
+        if k in ("tokens", "positions", "doc_ids", "labels"):
             res[k] = np.stack(out[k]).astype(np.int32) if out[k] else np.zeros((0, L), np.int32)
         elif k == "bad_rows":
             res[k] = np.array(out[k], dtype=object)

@@ -127,6 +127,7 @@ class PretrainResult:
     checkpoint: Optional[str]
     summary: dict
     ray_logs: str = ""
+    stopped: Optional[str] = None  # the stability guard's one-line reason, when the run stopped itself
 
 
 def ray_logs_dir() -> str:
@@ -177,4 +178,8 @@ def run_pretraining(cfg: Config) -> PretrainResult:
     if result.error is not None:
         raise result.error
     wall = time.time() - t0
-    return PretrainResult(paths.run_dir, paths.local_dir, wall, ckpt, summarize(paths, wall, ckpt), ray_logs_dir())
+    from elastic.records import EVENTS, read_records
+
+    stops = [e for e in read_records(os.path.join(paths.local_dir, EVENTS)) if e.get("event") == "stop" and e["time"] >= t0]
+    return PretrainResult(paths.run_dir, paths.local_dir, wall, ckpt, summarize(paths, wall, ckpt), ray_logs_dir(),
+                          stopped=stops[-1]["reason"] if stops else None)
