@@ -178,7 +178,7 @@ def test_kl_term_in_the_loss(est, expected):
     loss, stats = grpo_loss(logp, logp.detach(), torch.zeros(1, dtype=torch.float64), torch.ones(1, 2),
                             loss_agg="token_mean", counts=StepCounts(1, 2, 4), clip_low=0.2, clip_high=0.28,
                             ref_logp=ref, kl_coef=0.1, kl_estimator=est)
-    assert abs(float(loss) - expected) < 1e-15
+    assert abs(float(loss.detach()) - expected) < 1e-15
     assert float(stats["kl_loss"]) == pytest.approx(expected, abs=1e-15)
     assert summarize(stats)["kl_mean"] == pytest.approx(sum(KL_EXPECTED[est]) / 2)
     with pytest.raises(ValueError, match="ref_logp"):
@@ -264,6 +264,7 @@ def test_micro_batch_shares_add_up_to_the_full_batch_loss_and_gradient(loss_agg,
     logp_full = torch.log_softmax(base + theta_ref, -1).gather(-1, tokens[..., None]).squeeze(-1)
     want = _reference_full_loss(logp_full, old, ref, adv, mask, loss_agg, kl_coef)
     want.backward()
+    want = want.detach()
 
     # the step's counts, as every rank knows them (here: the sum of each rank's step_counts)
     parts = [step_counts(mask[sum(rank, [])]) for rank in LAYOUTS[layout] if sum(rank, [])]
@@ -299,7 +300,7 @@ def test_stats_round_trip_and_grad_scale():
     loss1, st1 = grpo_loss(logp, old, adv, mask, loss_agg="token_mean", counts=counts, clip_low=CLIP_LOW, clip_high=CLIP_HIGH)
     loss2, st2 = grpo_loss(logp, old, adv, mask, loss_agg="token_mean", counts=counts, clip_low=CLIP_LOW,
                            clip_high=CLIP_HIGH, grad_scale=2.0)
-    assert float(loss2) == pytest.approx(2 * float(loss1))  # world size for FSDP's gradient average
+    assert float(loss2.detach()) == pytest.approx(2 * float(loss1.detach()))  # world size for FSDP's gradient average
     assert float(st2["loss"]) == pytest.approx(float(st1["loss"]))  # statistics are never scaled
     t = stats_to_tensor(st1)
     assert t.shape == (len(STAT_KEYS),) and t.dtype == torch.float64
@@ -338,7 +339,7 @@ def test_token_logprobs_of_bf16_logits_are_float32():
     got = token_logprobs(x, tok, chunk_tokens=5)
     assert got.dtype == torch.float32
     want = _naive_logp(x.detach().double(), tok)  # the exact log-probs of the same bf16 logits
-    assert float((got.double() - want).abs().max()) < 1e-5  # float32 accuracy, not bf16 (~1e-2)
+    assert float((got.detach().double() - want).abs().max()) < 1e-5  # float32 accuracy, not bf16 (~1e-2)
     got.sum().backward()
     assert x.grad.dtype == torch.bfloat16 and x.grad.shape == x.shape
 
