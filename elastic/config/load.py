@@ -121,15 +121,18 @@ def apply_overrides(raw: Dict[str, Any], overrides: Iterable[str]) -> Dict[str, 
     return raw
 
 
-def from_dict(raw: Optional[Mapping[str, Any]]) -> Config:
-    """Build and validate a Config from a nested mapping."""
+def from_dict(raw: Optional[Mapping[str, Any]], job: str = "pretrain") -> Config:
+    """Build and validate a Config from a nested mapping (`job`: see :func:`validate`)."""
     cfg = _build(Config, raw or {}, "")
-    validate(cfg)
+    validate(cfg, job)
     return cfg
 
 
-def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Config:
-    """Read YAML at `path` (optional), apply overrides, validate; ConfigError on any problem."""
+def load_config(path: Optional[str] = None, overrides: Iterable[str] = (), job: str = "pretrain") -> Config:
+    """Read YAML at `path` (optional), apply overrides, validate; ConfigError on any problem.
+
+    `job` names the entry point; checks that only matter to one job (the GRPO batch split over
+    world sizes) run only for it (see :func:`validate`)."""
     raw: Dict[str, Any] = {}
     if path:
         p = Path(path)
@@ -144,7 +147,7 @@ def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Co
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {path}: top level must be a mapping of sections")
     apply_overrides(raw, overrides)
-    return from_dict(raw)
+    return from_dict(raw, job)
 
 
 def to_dict(cfg: Config) -> Dict[str, Any]:
@@ -157,10 +160,20 @@ def _check(cond: bool, key: str, msg: str) -> None:
 
 
 ATTENTION_BACKENDS = ("auto", "flash_varlen", "torch_varlen", "flex", "sdpa_mask", "sdpa_loop")
+# Names of the elastic/rl registries (ADV_NORMS, KL_ESTIMATORS, LOSS_AGGS); config imports
+# nothing, so they are repeated here and tests/test_rl_math.py checks the two agree.
+RL_ADV_NORMS = ("group_std", "none")
+RL_KL_ESTIMATORS = ("k1", "k2", "k3")
+RL_LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 
-def validate(cfg: Config) -> None:
-    """Cross-field checks that make a run impossible; one line naming the key."""
+def validate(cfg: Config, job: str = "pretrain") -> None:
+    """Cross-field checks that make a run impossible; one line naming the key.
+
+    Every field of every section is checked for every job (a bad value is a typo wherever it
+    is). Checks that tie a section to the world sizes run only for the job that uses it:
+    `job="grpo"` adds the split of the rollout batch over scaling.min_workers..max_workers, so a
+    pretraining run is never refused over an rl batch it does not train on."""
     from elastic.config.presets import PRESETS
 
     d, m, t, s, c = cfg.data, cfg.model, cfg.train, cfg.scaling, cfg.checkpoint
@@ -226,6 +239,61 @@ def validate(cfg: Config) -> None:
     _check(r.speedup_scale > 0, "reward.speedup_scale", f"must be > 0, got {r.speedup_scale}")
     _check(r.compile_time_limit_s > 0, "reward.compile_time_limit_s", f"must be > 0, got {r.compile_time_limit_s}")
     _check(r.instructions_time_limit_s > 0, "reward.instructions_time_limit_s", f"must be > 0, got {r.instructions_time_limit_s}")
+    _validate_rl(cfg)
+    if job == "grpo":
+        _validate_rl_world_sizes(cfg)
+
+
+def _validate_rl(cfg: Config) -> None:
+    """The rl section on its own (elastic/rl); the world-size split is :func:`_validate_rl_world_sizes`."""
+    rl = cfg.rl
+    _check(bool(rl.problems), "rl.problems", "must name a problem directory")
+    for i, h in enumerate(rl.heldout):
+        _check(bool(h) and "/" not in h and h not in (".", ".."), f"rl.heldout[{i}]", f"must be a problem id (a directory name), got {h!r}")
+    dup = sorted({h for h in rl.heldout if rl.heldout.count(h) > 1})
+    _check(not dup, "rl.heldout", f"lists {', '.join(dup)} more than once")
+    _check(rl.eval_every >= 0, "rl.eval_every", f"must be >= 0 (0 = off), got {rl.eval_every}")
+    _check(rl.eval_every == 0 or bool(rl.heldout), "rl.eval_every",
+           f"held-out evaluation every {rl.eval_every} steps needs problems in rl.heldout (empty); set rl.eval_every=0 or hold some out")
+    _check(rl.group_size >= 2, "rl.group_size", f"must be >= 2 (a group is its own baseline), got {rl.group_size}")
+    _check(rl.prompts_per_step >= 1, "rl.prompts_per_step", f"must be >= 1, got {rl.prompts_per_step}")
+    _check(rl.max_new_tokens >= 1, "rl.max_new_tokens", f"must be >= 1, got {rl.max_new_tokens}")
+    _check(rl.temperature > 0, "rl.temperature", f"must be > 0 for training rollouts (evaluation is greedy anyway), got {rl.temperature}")
+    _check(0 < rl.top_p <= 1, "rl.top_p", f"must be in (0, 1], got {rl.top_p}")
+    _check(rl.top_k >= 0, "rl.top_k", f"must be >= 0 (0 = off), got {rl.top_k}")
+    _check(0 < rl.clip_low < 1, "rl.clip_low", f"must be in (0, 1) (the ratio is clipped below at 1 - clip_low), got {rl.clip_low}")
+    _check(rl.clip_high > 0, "rl.clip_high", f"must be > 0, got {rl.clip_high}")
+    _check(rl.kl_coef >= 0, "rl.kl_coef", f"must be >= 0 (0 = no KL term), got {rl.kl_coef}")
+    _check(rl.kl_estimator in RL_KL_ESTIMATORS, "rl.kl_estimator", f"must be one of {'|'.join(RL_KL_ESTIMATORS)}, got {rl.kl_estimator!r}")
+    _check(rl.loss_agg in RL_LOSS_AGGS, "rl.loss_agg", f"must be one of {'|'.join(RL_LOSS_AGGS)}, got {rl.loss_agg!r}")
+    _check(rl.adv_norm in RL_ADV_NORMS, "rl.adv_norm", f"must be one of {'|'.join(RL_ADV_NORMS)}, got {rl.adv_norm!r}")
+    _check(rl.updates_per_rollout >= 1, "rl.updates_per_rollout", f"must be >= 1, got {rl.updates_per_rollout}")
+    _check(rl.minibatches_per_update >= 1, "rl.minibatches_per_update", f"must be >= 1, got {rl.minibatches_per_update}")
+    _check(rl.micro_batch_size >= 1, "rl.micro_batch_size", f"must be >= 1, got {rl.micro_batch_size}")
+    _check(rl.overlong_penalty >= 0, "rl.overlong_penalty", f"must be >= 0 (a magnitude; 0 = off), got {rl.overlong_penalty}")
+    _check(rl.truncation_penalty >= 0, "rl.truncation_penalty", f"must be >= 0 (a magnitude; 0 = off), got {rl.truncation_penalty}")
+    _check(rl.overlong_buffer >= 0, "rl.overlong_buffer", f"must be >= 0, got {rl.overlong_buffer}")
+    if rl.overlong_penalty > 0:  # the buffer only matters when the soft penalty is on
+        _check(1 <= rl.overlong_buffer <= rl.max_new_tokens, "rl.overlong_buffer",
+               f"must be in [1, rl.max_new_tokens={rl.max_new_tokens}] when rl.overlong_penalty={rl.overlong_penalty} "
+               f"(the penalty ramps over the last overlong_buffer tokens), got {rl.overlong_buffer}")
+
+
+def _validate_rl_world_sizes(cfg: Config) -> None:
+    """Every world size the run may take must split each optimizer step's completions evenly
+    into whole micro-batches (the rl analogue of train.global_batch_size's check)."""
+    rl, s = cfg.rl, cfg.scaling
+    n = rl.prompts_per_step * rl.group_size
+    _check(n % rl.minibatches_per_update == 0, "rl.minibatches_per_update",
+           f"{rl.prompts_per_step} prompts x {rl.group_size} samples = {n} completions cannot be split into "
+           f"{rl.minibatches_per_update} equal minibatches")
+    per_step = n // rl.minibatches_per_update
+    for w in range(s.min_workers, s.max_workers + 1):
+        _check(per_step % w == 0 and (per_step // w) % rl.micro_batch_size == 0, "rl.prompts_per_step",
+               f"{rl.prompts_per_step} prompts x {rl.group_size} samples / {rl.minibatches_per_update} minibatch(es) = "
+               f"{per_step} completions per optimizer step cannot be split over {w} workers into micro-batches of "
+               f"{rl.micro_batch_size} (per worker: {per_step / w:g}); every world size in scaling.min_workers.."
+               f"scaling.max_workers={s.min_workers}..{s.max_workers} must divide it")
 
 
 def _valid_step_range(spec: str) -> bool:

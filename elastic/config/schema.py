@@ -175,6 +175,64 @@ class RewardSection:
 
 
 @dataclass
+class RLSection:
+    """GRPO (elastic/rl): rollouts, rewards, the clipped objective and its variants.
+
+    One GRPO step samples `group_size` completions for each of `prompts_per_step` prompts, scores
+    them, and trains on them for `updates_per_rollout` passes of `minibatches_per_update`
+    optimizer steps each. Sampling seeds derive from `run.seed` (elastic/rl/seeds.py).
+    """
+
+    # Problem directory (datasets/README.md format); relative paths resolve against the
+    # current directory.
+    problems: str = "datasets/code-opt"
+    # Problem ids held out from training and used for evaluation: named explicitly (not drawn
+    # from a seed) so the split is visible and the same for every run. Default: one problem of
+    # each kind of datasets/code-opt (algorithmic, memory_layout, repeated_work, io_buffering,
+    # data_structure). Use [] for a problem set without these ids.
+    heldout: List[str] = field(default_factory=lambda: [
+        "longest-increasing-subsequence", "column-hashes", "polynomial-eval-modpow",
+        "prefix-sums-iostream", "min-queue-operations"])
+    # Greedy evaluation on the held-out problems every N steps (0 = off).
+    eval_every: int = 10
+    group_size: int = 4
+    prompts_per_step: int = 4
+    max_new_tokens: int = 256
+    # Sampling for training rollouts (evaluation is greedy).
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    # Clipped objective: ratio clipped to [1 - clip_low, 1 + clip_high] (clip_high > clip_low is
+    # DAPO's clip-higher).
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    # KL to the initial (reference) model, as a loss term; 0 = off (no reference model kept).
+    kl_coef: float = 0.0
+    # k1 | k2 | k3 (Schulman's estimators; k3 is GRPO's; see elastic/rl/kl.py for their gradients).
+    kl_estimator: str = "k3"
+    # token_mean (DAPO) | seq_mean_token_mean (original GRPO) | seq_mean_token_sum_norm (Dr. GRPO).
+    # Normalisers count the whole optimizer step, so the split over workers never matters.
+    loss_agg: str = "token_mean"
+    # group_std: (r - mean) / (std + eps) per group (GRPO); none: r - mean (Dr. GRPO).
+    adv_norm: str = "group_std"
+    # Drop groups whose rewards are all equal (zero advantage) from the step; their fraction is
+    # reported. Saves the backward pass on groups that carry no policy gradient.
+    filter_zero_variance: bool = True
+    # PPO-style passes over one rollout batch, each split into this many optimizer steps.
+    updates_per_rollout: int = 1
+    minibatches_per_update: int = 1
+    # Completions per forward/backward on one worker (gradient accumulation inside a minibatch).
+    micro_batch_size: int = 4
+    # DAPO-style length shaping (elastic/rl/overlong.py), added to the reward: a penalty rising
+    # linearly from 0 to `overlong_penalty` over the last `overlong_buffer` tokens before
+    # max_new_tokens, plus `truncation_penalty` for a completion cut at max_new_tokens without
+    # stopping. Both 0 = off.
+    overlong_penalty: float = 0.0
+    overlong_buffer: int = 64
+    truncation_penalty: float = 0.0
+
+
+@dataclass
 class Config:
     run: RunSection = field(default_factory=RunSection)
     data: DataSection = field(default_factory=DataSection)
@@ -184,6 +242,7 @@ class Config:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     wandb: WandbSection = field(default_factory=WandbSection)
     reward: RewardSection = field(default_factory=RewardSection)
+    rl: RLSection = field(default_factory=RLSection)
 
 
 SECTIONS: List[str] = list(Config.__dataclass_fields__)
