@@ -260,8 +260,8 @@ def _restarts(recovery: Optional[Dict[str, Any]], step_s: Optional[float], ckpt_
     restarts = recovery.get("restarts") or []
     wall = recovery.get("wall_s") or 0.0
     if not restarts:
-        ev = (f"goodput {_pct(gp)} with no restart: {_pct(lost)} of {wall:.0f} s wall time passed outside training "
-              "steps (start-up of the stream, evaluation, checkpoint writes, logging).")
+        ev = (f"goodput {_pct(gp)} with no restart: {lost * wall:.1f} s of {wall:.0f} s wall time ({_pct(lost)}) passed "
+              "outside training steps (start-up of the stream, evaluation, checkpoint writes, logging).")
         lever = (f"checkpoint.every_steps{_now(config, 'checkpoint.every_steps')} if checkpoint writes fall between steps; "
                  "look for work between steps in the timeline")
         return Finding("overhead", lost, THRESHOLDS["overhead"], ev, lever)

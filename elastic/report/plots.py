@@ -254,11 +254,17 @@ PLOTS: List[Tuple[str, Callable[[RunData, str, Diagnosis], Optional[str]]]] = [
 
 
 def write_plots(run: RunData, out_dir: str, diag: Diagnosis) -> Dict[str, str]:
-    """{plot name: PNG path} for every plot the run has data for."""
+    """{plot name: PNG path} for every plot the run has data for. A plot that fails (records
+    of a shape nobody foresaw) becomes a line in `run.notes`: the report of a crashed run must
+    still be written."""
     os.makedirs(out_dir, exist_ok=True)
     out = {}
     for name, fn in PLOTS:
-        path = fn(run, out_dir, diag)
+        try:
+            path = fn(run, out_dir, diag)
+        except Exception as e:  # noqa: BLE001  one bad figure must not cost the whole report
+            run.notes.append(f"plot {name} failed: {type(e).__name__}: {e}")
+            continue
         if path:
             out[name] = path
     return out

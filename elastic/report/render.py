@@ -89,7 +89,8 @@ def summary_rows(run: RunData, diag: Diagnosis) -> List[Sequence[Any]]:
 
 def _breakdown_rows(run: RunData, diag: Diagnosis) -> List[Sequence[Any]]:
     f = diag.figures
-    rows = []
+    steps = [r["step_s"] for r in run.steps if _num(r.get("step_s"))]
+    rows = [("step (total)", _f(sum(steps) / len(steps), ".3g"), "100%", len(steps))] if steps else []
     for key, label in BREAKDOWN_KEYS:
         share = f.get(f"{key}_share")
         if share is None:
