@@ -68,6 +68,7 @@ def test_finished_run(finished):
     assert rows["restarts"] == "2 (1 failure, 1 resize)"
     assert rows["world size"] == "1–2"
     assert "nominal on cpu" in rows["MFU"]
+    assert rows["checkpoints"] == "50 kept, latest step_00001000"
     # recovery accounting from elastic.launch.recovery: steps redone after the non-checkpoint stops
     assert "| 1 | resize | 2 → 1 | 300 | 5 |" in md and "| 2 | failure | 1 → 2 | 620 | 7 |" in md
     for name in ("loss", "throughput", "step_time", "memory", "timeline"):
@@ -147,3 +148,26 @@ def test_cli(finished, tmp_path):
                          capture_output=True, text=True, env=env, timeout=120)
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "does not exist" in bad.stderr
+
+
+def test_stopped_then_relaunched_run(tmp_path):
+    """train.until_step stops an invocation (stop event + summary); a relaunch of the same run
+    appends to the same records and is in progress again, not 'stopped'."""
+    from elastic.records import append_record
+
+    d = tmp_path / "sliced"
+    sim = Sim(steps=50, total=100, every=10, t0=time.time() - 300)
+    write_run(str(d), sim, state="stopped")
+    last = load_run(str(d)).metrics[-1]
+    (d / "summary.json").write_text(json.dumps({"last_step": 50, "wall_s": 80.0}))
+    now = last["time"] + 30
+    run = load_run(str(d), now=now)
+    assert (run.status.state, run.status.detail) == ("stopped", "at step 50/100: until_step")
+    t = last["time"] + 20
+    append_record(str(d / "events.jsonl"), {"event": "start", "time": t, "world_size": 2, "step": 50, "device": "cpu"})
+    for s in range(51, 56):
+        t += 1.0
+        append_record(str(d / "metrics.jsonl"), dict(last, step=s, time=t))
+    run = load_run(str(d), now=t + 5)
+    assert run.status.state == "in progress" and run.status.detail.startswith("step 55/100")
+    assert len(run.steps) == 55

@@ -16,6 +16,7 @@ from elastic.report.bottleneck import THRESHOLDS, Diagnosis, Finding, diagnose
 from elastic.report.run import RunData, Status, load_run
 
 REPORT = "report.md"
+BOTTLENECK = "bottleneck.json"
 PLOTS_DIR = "plots"
 
 __all__ = ["THRESHOLDS", "Diagnosis", "Finding", "RunData", "Status", "diagnose", "diagnose_run", "load_run",
@@ -46,10 +47,14 @@ def build_report(run_dir: str, out_dir: Optional[str] = None, now: Optional[floa
     diag = diagnose_run(run)
     plots = write_plots(run, os.path.join(out_dir, PLOTS_DIR), diag)
     path = os.path.join(out_dir, REPORT)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(render_markdown(run, diag, plots, out_dir))
-    os.replace(tmp, path)  # a reader (or a report written while the run goes on) never sees half a file
-    with open(os.path.join(out_dir, "bottleneck.json"), "w") as f:
-        json.dump({"status": {"state": run.status.state, "detail": run.status.detail}, **diag.to_dict()}, f, indent=2, default=str)
+    verdict = {"status": {"state": run.status.state, "detail": run.status.detail}, **diag.to_dict()}
+    _replace(os.path.join(out_dir, BOTTLENECK), json.dumps(verdict, indent=2, default=str))
+    _replace(path, render_markdown(run, diag, plots, out_dir))
     return path, run, diag
+
+
+def _replace(path: str, text: str) -> None:
+    """Write then rename: a reader of a live run's report never sees half a file."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)

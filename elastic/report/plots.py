@@ -51,7 +51,8 @@ def _minutes(run: RunData, recs: Sequence[Dict[str, Any]], key: str) -> Tuple[np
 def _save(fig: Figure, out_dir: str, name: str) -> str:
     path = os.path.join(out_dir, name)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI, format="png")
+    fig.savefig(path + ".tmp", dpi=DPI, format="png")
+    os.replace(path + ".tmp", path)  # a viewer of a live run's report never sees half a PNG
     return path
 
 

@@ -82,6 +82,7 @@ def summary_rows(run: RunData, diag: Diagnosis) -> List[Sequence[Any]]:
         ("restarts", f"{len(restarts)}" + (f" ({', '.join(f'{n} {c}' for c, n in sorted(causes.items()))})" if causes else "")),
         ("world size", "–".join(str(w) for w in (worlds[0], worlds[-1])) if len(worlds) > 1 else (str(worlds[0]) if worlds else "n/a")),
         ("device", diag.device + (f", attention {backend}" if backend else "")),
+        ("checkpoints", f"{len(run.checkpoints)} kept, latest {run.checkpoints[-1]}" if run.checkpoints else "none"),
         ("malformed rows skipped", str(steps[-1].get("bad_rows", "n/a")) if steps else "n/a"),
     ]
     return rows

@@ -10,7 +10,8 @@ line cut by a crash is skipped), recovery accounting through `elastic.launch.rec
                worker-group start (its error is quoted), or the
                records stopped long ago (below) with no summary and no stop event
   finished     summary.json exists and the last step reached train.steps
-  stopped      summary.json or a "stop" event exists before train.steps (until_step, a stop rule)
+  stopped      summary.json or a "stop" event exists before train.steps (until_step, a stop rule);
+               either must belong to the current invocation (a relaunch appends new steps)
   in progress  none of the above and the last record is recent: younger than
                max(STALE_MIN_S, STALE_STEPS × median step time)
   not started  no step record yet
@@ -64,6 +65,14 @@ class RunData:
         for r in self.metrics:
             final[int(r["step"])] = r
         return [final[s] for s in sorted(final)]
+
+    @property
+    def checkpoints(self) -> List[str]:
+        """Checkpoint directories (step_NNNNNNNN) in the run directory, oldest first."""
+        try:
+            return sorted(n for n in os.listdir(self.run_dir) if n.startswith("step_") and n[5:].isdigit())
+        except OSError:
+            return []
 
     @property
     def total_steps(self) -> Optional[int]:
@@ -151,8 +160,12 @@ def infer_status(run: RunData, now: float) -> Status:
         err = ended[-1].get("error") or "no error message recorded"
         verb = "errored" if ended[-1]["to"] == "ErroredState" else "was aborted"
         return Status("crashed", f"Ray Train controller {verb} after step {last_step}{of}: {err}")
-    stops = [e for e in run.events if e.get("event") == "stop"]
-    if run.summary is not None or stops:
+    # A stop or summary from an earlier invocation (train.until_step, then relaunched) does not
+    # end the current one: a stop counts after the last start, a summary if it covers the last step.
+    stops = [e for e in run.events if e.get("event") == "stop" and _num(e.get("time")) and e["time"] >= last_start]
+    summary_current = run.summary is not None and (
+        not _num(run.summary.get("last_step")) or run.summary["last_step"] >= last_step)
+    if summary_current or stops:
         reason = stops[-1].get("reason") if stops else None
         if total and last_step >= total:
             return Status("finished", f"step {last_step}{of}" + (f" ({reason})" if reason else ""))
