@@ -37,7 +37,9 @@ class _Override:
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Check (and gently coerce) `value` against the annotated type `tp`."""
     if isinstance(value, _Override):
-        value = value.text if tp is str or (typing.get_origin(tp) is typing.Union and str in typing.get_args(tp)) else value.value
+        wants_str = tp is str or (typing.get_origin(tp) is typing.Union and str in typing.get_args(tp))
+        # A string field takes YAML's reading when it is a string ('' or "a b"), else the text.
+        value = value.text if wants_str and not isinstance(value.value, str) else value.value
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin is typing.Union:  # Optional[X]
