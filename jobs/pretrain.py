@@ -17,14 +17,15 @@ from elastic.config import ConfigError, load_config  # noqa: E402
 from elastic.data import DataError  # noqa: E402
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", help="YAML config (default: the embedded tiny/stdlib default)")
+def main(argv=None, kind: str = "pretrain", default_config: str = "", doc: str = "") -> int:
+    """The command line of the language-modelling jobs (pretrain, SFT)."""
+    ap = argparse.ArgumentParser(description=(doc or __doc__).splitlines()[0])
+    ap.add_argument("--config", help=f"YAML config (default: {default_config or 'the embedded tiny/stdlib default'})")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config value, e.g. --set train.steps=20 (repeatable)")
     args = ap.parse_args(argv)
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config or default_config or None, args.overrides)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
@@ -33,7 +34,7 @@ def main(argv=None) -> int:
     paths = run_paths(cfg)
     print(f"[elastic] run directory: {paths.run_dir}")
     try:
-        res = run_pretraining(cfg)
+        res = run_pretraining(cfg, kind)
     except DataError as e:
         print(f"data error: {e}", file=sys.stderr)
         return 2

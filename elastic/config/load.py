@@ -224,6 +224,14 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
             f"{t.micro_batch_size} (per worker: {per:g}); every world size in scaling.min_workers.."
             f"scaling.max_workers={s.min_workers}..{s.max_workers} must divide it",
         )
+    sft, ev = cfg.sft, cfg.eval
+    _check(sft.template in ("auto", "builtin"), "sft.template", f"must be auto|builtin, got {sft.template!r}")
+    _check(sft.overlong in ("truncate", "skip"), "sft.overlong", f"must be truncate|skip, got {sft.overlong!r}")
+    for k in ("prompt_field", "completion_field", "messages_field"):
+        _check(bool(getattr(sft, k)), f"sft.{k}", "must be a non-empty field name")
+    _check(ev.every_steps >= 0, "eval.every_steps", f"must be >= 0 (0 = off), got {ev.every_steps}")
+    _check(ev.samples >= 1, "eval.samples", f"must be >= 1, got {ev.samples}")
+    _check(0 < ev.fraction < 1, "eval.fraction", f"must be in (0, 1), got {ev.fraction}")
     _check(c.every_steps >= 1, "checkpoint.every_steps", f"must be >= 1, got {c.every_steps}")
     _check(c.keep_last >= 1, "checkpoint.keep_last", f"must be >= 1, got {c.keep_last}")
     _check(cfg.wandb.mode in ("auto", "online", "offline", "disabled"), "wandb.mode", f"must be auto|online|offline|disabled, got {cfg.wandb.mode!r}")

@@ -26,8 +26,10 @@ class RunSection:
 class DataSection:
     """Raw text → tokens → packed fixed-length samples (see elastic/data)."""
 
-    # "stdlib" (the running interpreter's standard library sources, no download) or a path /
-    # glob / pyarrow filesystem URI of text files, JSONL files or Parquet files.
+    # "stdlib" (the running interpreter's standard library sources, no download), "code-opt"
+    # (SFT: instruction rows built from rl.problems minus rl.heldout; the held-out problems'
+    # rows are the validation set), or a path / glob / pyarrow filesystem URI of text files,
+    # JSONL files or Parquet files.
     source: str = "stdlib"
     # auto | text | jsonl | parquet. auto infers from file extensions.
     format: str = "auto"
@@ -128,6 +130,35 @@ class ScalingSection:
     # Kubernetes; short on fixed machines.
     worker_group_start_timeout_s: float = 60.0
     max_failures: int = 3
+
+
+@dataclass
+class SFTSection:
+    """Supervised fine-tuning data (jobs/sft.py): rows are conversations; only assistant tokens
+    carry loss. See elastic/data/chat.py for the rendering."""
+
+    prompt_field: str = "prompt"
+    completion_field: str = "completion"
+    messages_field: str = "messages"
+    # auto: the tokenizer's own chat_template (tokenizer_config.json) when it has one, else the
+    # built-in template; builtin: always the built-in one.
+    template: str = "auto"
+    # A conversation longer than data.seq_len: truncate (the cut answer's end is not learned) or
+    # skip. Both are counted with the bad rows.
+    overlong: str = "truncate"
+
+
+@dataclass
+class EvalSection:
+    """Held-out loss and perplexity (`val_loss`, `val_ppl` in metrics.jsonl), every N steps."""
+
+    every_steps: int = 0  # 0 = off
+    # Size of the fixed held-out set (packed samples), evaluated in full each time.
+    samples: int = 32
+    # Held-out data, same forms as data.source; empty: hold out `fraction` of the planned
+    # shards of data.source (never trained on), or the held-out problems for data.source=code-opt.
+    source: str = ""
+    fraction: float = 0.02
 
 
 @dataclass
@@ -239,6 +270,8 @@ class Config:
     model: ModelSection = field(default_factory=ModelSection)
     train: TrainSection = field(default_factory=TrainSection)
     scaling: ScalingSection = field(default_factory=ScalingSection)
+    sft: SFTSection = field(default_factory=SFTSection)
+    eval: EvalSection = field(default_factory=EvalSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     wandb: WandbSection = field(default_factory=WandbSection)
     reward: RewardSection = field(default_factory=RewardSection)

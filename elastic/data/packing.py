@@ -25,43 +25,61 @@ IGNORE = -100  # target of a position that carries no loss (torch's cross_entrop
 
 
 def pack_documents(docs: Sequence[Sequence[int]], seq_len: int, eos_id: int, pad_id: int,
-                   target_masks: Optional[Sequence[Sequence[bool]]] = None) -> Dict[str, np.ndarray]:
+                   target_masks: Optional[Sequence[Sequence[bool]]] = None,
+                   split_documents: bool = True) -> Dict[str, np.ndarray]:
     """docs: token ids per document (without EOS) → arrays with one row per sample:
     tokens [n, seq_len] int32, positions [n, seq_len] int32, doc_ids [n, seq_len] int32
     (PAD_DOC for padding), labels [n, seq_len] int32 (IGNORE where no loss), n_real [n] int32.
 
     target_masks: per document, one flag per token (without EOS) saying whether that token is
     to be learned (predicted from the tokens before it); the appended EOS is learned when the
-    document's last token is. None: every token is learned (pretraining)."""
+    document's last token is, unless the mask carries one more flag, the EOS's own. None: every
+    token is learned (pretraining).
+    split_documents=False (SFT): a document that does not fit in what is left of a sample
+    starts the next one (the rest is padding), so no example loses its prompt to a sample
+    boundary; every document must then fit in `seq_len` with its EOS."""
     lens = np.fromiter((len(d) + 1 for d in docs), dtype=np.int64, count=len(docs))
     total = int(lens.sum())
     if total == 0:
         empty = np.zeros((0, seq_len), np.int32)
         return {"tokens": empty, "positions": empty.copy(), "doc_ids": empty.copy(), "labels": empty.copy(),
                 "n_real": np.zeros(0, np.int32)}
-    stream = np.empty(total, np.int32)
-    learn = np.ones(total, bool)
-    doc_of = np.repeat(np.arange(len(docs), dtype=np.int64), lens)
-    o = 0
-    for i, d in enumerate(docs):
-        n = len(d)
-        stream[o:o + n] = d
-        stream[o + n] = eos_id
-        if target_masks is not None:
-            m = np.asarray(target_masks[i], dtype=bool)
-            if len(m) != n:
-                raise ValueError(f"document {i}: target mask has {len(m)} flags for {n} tokens")
-            learn[o:o + n] = m
-            learn[o + n] = bool(m[-1]) if n else True
-        o += n + 1
-    n_samples = -(-total // seq_len)
+    # Where each document starts in the (padded) stream of samples.
+    if split_documents:
+        starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+        end = total
+    else:
+        if int(lens.max()) > seq_len:
+            raise ValueError(f"a document of {int(lens.max())} tokens (with EOS) does not fit in seq_len {seq_len}")
+        starts = np.empty(len(docs), np.int64)
+        pos = 0
+        for i, n in enumerate(lens.tolist()):
+            if pos % seq_len + n > seq_len:
+                pos += seq_len - pos % seq_len
+            starts[i] = pos
+            pos += n
+        end = pos
+    n_samples = -(-end // seq_len)
     padded = n_samples * seq_len
     tokens = np.full(padded, pad_id, np.int32)
-    tokens[:total] = stream
     doc_ids = np.full(padded, PAD_DOC, np.int64)
-    doc_ids[:total] = doc_of
     learned = np.zeros(padded, bool)
-    learned[:total] = learn
+    for i, d in enumerate(docs):
+        o, n = int(starts[i]), len(d)
+        tokens[o:o + n] = d
+        tokens[o + n] = eos_id
+        doc_ids[o:o + n + 1] = i
+        if target_masks is None:
+            learned[o:o + n + 1] = True
+        else:
+            m = np.asarray(target_masks[i], dtype=bool)
+            if len(m) == n + 1:  # the EOS's own flag given (e.g. not learned after a truncation)
+                learned[o:o + n + 1] = m
+                continue
+            if len(m) != n:
+                raise ValueError(f"document {i}: target mask has {len(m)} flags for {n} tokens")
+            learned[o:o + n] = m
+            learned[o + n] = bool(m[-1]) if n else True
     tokens, doc_ids, learned = tokens.reshape(n_samples, seq_len), doc_ids.reshape(n_samples, seq_len), learned.reshape(n_samples, seq_len)
     # Renumber documents within each sample from 0 so ids stay small and local.
     first = np.where(doc_ids[:, :1] >= 0, doc_ids[:, :1], 0)

@@ -16,7 +16,8 @@ from typing import Optional
 
 from elastic.config import Config, run_dir as run_dir_of, to_dict
 from elastic.data.cursor import Cursor
-from elastic.data.pipeline import DataPlan, DatasetFactory, configure_data_context, prepare_data_plan
+from elastic.data.pipeline import DataPlan, DatasetFactory, configure_data_context
+from elastic.launch.data_plans import JobData, plan_job_data
 from elastic.train import checkpoint as ckpt_lib
 
 
@@ -32,12 +33,8 @@ def run_paths(cfg: Config) -> RunPaths:
     return RunPaths(rd, local)
 
 
-def plan_data(cfg: Config, paths: RunPaths) -> DataPlan:
-    d = cfg.data
-    return prepare_data_plan(d.source, d.glob, d.format, d.text_field, d.tokenizer, d.vocab_size, d.tokenizer_sample_mb,
-                             d.seq_len, d.shard_mb, cfg.run.seed, d.shuffle,
-                             tokenizer_save_path=os.path.join(paths.local_dir, "tokenizer.json"),
-                             tokenize_cpus=d.tokenize_cpus, report_bad_rows=d.report_bad_rows)
+def plan_data(cfg: Config, paths: RunPaths, kind: str = "pretrain") -> JobData:
+    return plan_job_data(cfg, paths.local_dir, kind)
 
 
 @dataclass
@@ -81,7 +78,7 @@ def use_gpu(cfg: Config) -> bool:
     return ray.cluster_resources().get("GPU", 0) > 0
 
 
-def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool):
+def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool, eval_plan: Optional[DataPlan] = None):
     from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -106,7 +103,7 @@ def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool):
     factory = DatasetFactory(plan=plan, cursor_fn=CheckpointCursor(paths.run_dir), samples_total=cfg.train.steps * cfg.train.global_batch_size)
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"cfg": to_dict(cfg), "plan": plan, "run_dir": paths.run_dir, "local_dir": paths.local_dir, "use_gpu": gpu},
+        train_loop_config={"cfg": to_dict(cfg), "plan": plan, "eval_plan": eval_plan, "run_dir": paths.run_dir, "local_dir": paths.local_dir, "use_gpu": gpu},
         scaling_config=ScalingConfig(**scaling_kwargs),
         run_config=RunConfig(name=cfg.run.name, storage_path=storage,
                              checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
@@ -160,19 +157,21 @@ def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str]) -> dict
     return s
 
 
-def run_pretraining(cfg: Config) -> PretrainResult:
-    """Plan data (fails fast), start/attach Ray, fit, summarise. Raises DataError early."""
+def run_pretraining(cfg: Config, kind: str = "pretrain") -> PretrainResult:
+    """Plan data (fails fast), start/attach Ray, fit, summarise. Raises DataError early.
+    kind: "pretrain" or "sft" (language-modelling jobs; they share the trainer)."""
     paths = run_paths(cfg)
     os.makedirs(paths.local_dir, exist_ok=True)
     t0 = time.time()
-    plan = plan_data(cfg, paths)
+    job_data = plan_data(cfg, paths, kind)
+    plan = job_data.train
     print(f"[elastic] data: {plan.files} files, {plan.corpus_bytes / 2**20:.1f} MiB in {plan.num_shards} shards; "
           f"tokenizer vocab {plan.tokenizer.vocab_size} ({plan.tokenizer.bytes_per_token:.2f} bytes/token)")
     with open(os.path.join(paths.local_dir, "config.json"), "w") as f:
         json.dump(to_dict(cfg), f, indent=2)
     ensure_ray(cfg)
     configure_data_context()  # captured by the trainer and propagated to its workers
-    trainer = build_trainer(cfg, plan, paths, use_gpu(cfg))
+    trainer = build_trainer(cfg, plan, paths, use_gpu(cfg), job_data.eval)
     result = trainer.fit()
     ckpt = result.checkpoint.path if result.checkpoint is not None else None
     if result.error is not None:
