@@ -78,11 +78,12 @@ def use_gpu(cfg: Config) -> bool:
     return ray.cluster_resources().get("GPU", 0) > 0
 
 
-def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool, eval_plan: Optional[DataPlan] = None):
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_config: dict, **trainer_kwargs):
+    """The TorchTrainer every job runs: elastic ScalingConfig, checkpoints under the run dir,
+    failure retries, the recovery-events callback. `loop_config` adds job inputs to the
+    train_loop_config (which always carries the config, run paths and the device choice)."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
-
-    from elastic.train.loop import train_loop_per_worker
 
     s = cfg.scaling
     # Read by the Ray Train controller (Ray propagates it from the driver).
@@ -100,15 +101,28 @@ def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool, eval_
     from elastic.launch.recovery_callback import RecoveryEventsCallback
 
     storage = paths.run_dir.rsplit("/", 1)[0]
-    factory = DatasetFactory(plan=plan, cursor_fn=CheckpointCursor(paths.run_dir), samples_total=cfg.train.steps * cfg.train.global_batch_size)
     return TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config={"cfg": to_dict(cfg), "plan": plan, "eval_plan": eval_plan, "run_dir": paths.run_dir, "local_dir": paths.local_dir, "use_gpu": gpu},
+        loop_fn,
+        train_loop_config={"cfg": to_dict(cfg), "run_dir": paths.run_dir, "local_dir": paths.local_dir, "use_gpu": gpu,
+                           **loop_config},
         scaling_config=ScalingConfig(**scaling_kwargs),
         run_config=RunConfig(name=cfg.run.name, storage_path=storage,
                              checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
                              failure_config=FailureConfig(max_failures=s.max_failures),
                              callbacks=[RecoveryEventsCallback(os.path.join(paths.local_dir, "events.jsonl"))]),
+        **trainer_kwargs,
+    )
+
+
+def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool, eval_plan: Optional[DataPlan] = None):
+    """Language-modelling jobs: the packed-sample stream is a Ray Train dataset."""
+    from ray.train import DataConfig
+
+    from elastic.train.loop import train_loop_per_worker
+
+    factory = DatasetFactory(plan=plan, cursor_fn=CheckpointCursor(paths.run_dir), samples_total=cfg.train.steps * cfg.train.global_batch_size)
+    return build_torch_trainer(
+        cfg, paths, gpu, train_loop_per_worker, {"plan": plan, "eval_plan": eval_plan},
         datasets={"train": factory},
         # Every worker streams the whole (deterministic) sequence and takes its slice of each
         # global batch: the data order never depends on the world size or block scheduling.
