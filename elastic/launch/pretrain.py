@@ -1,22 +1,29 @@
 """Build and run the Ray Train job for pretraining: the only place that knows Ray Train's
 driver-side API (TorchTrainer, ScalingConfig, RunConfig, DataConfig).
 
-Order matters: the config is already valid; data planning (source resolution, tokenizer)
-runs next and fails with one line before any worker starts; only then is the trainer built.
+Order matters: the config is already valid; the run's lease is taken next (a second launch
+of a live run refuses before touching Ray); data planning (source resolution, tokenizer)
+fails with one line before Ray starts; then the cluster is started or joined, checked for
+the resources the run needs, and only then is the trainer built. Cluster choice, lease and
+progress live in their own modules (cluster.py, lease.py, progress.py) so other jobs reuse them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, TextIO
 
 from elastic.config import Config, run_dir as run_dir_of, to_dict
 from elastic.data.cursor import Cursor
 from elastic.data.pipeline import DataPlan, DatasetFactory, configure_data_context, prepare_data_plan
+from elastic.launch.cluster import connect, resolve_cluster, wait_for_resources
+from elastic.launch.lease import RunLease
+from elastic.launch.progress import Progress
 from elastic.train import checkpoint as ckpt_lib
 
 
@@ -51,26 +58,33 @@ class CheckpointCursor:
         return Cursor.from_dict(found[1]["cursor"]) if found else Cursor()
 
 
-def ensure_ray(cfg: Config) -> None:
-    """Connect to the cluster in RAY_ADDRESS (as under `ray job submit`) or a running one;
-    otherwise start a local one with enough logical CPUs for the workers plus data tasks."""
-    import ray
+def worker_env() -> dict:
+    """Environment for workers of a cluster this driver starts or finds on this machine: this
+    checkout first on PYTHONPATH so they import the same `elastic`."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != repo]
+    return {"PYTHONPATH": os.pathsep.join([repo] + rest)}
 
-    if ray.is_initialized():
-        return
-    env = {"env_vars": {"PYTHONPATH": os.pathsep.join([os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}}
-    if os.environ.get("RAY_ADDRESS", "") not in ("", "local"):
-        ray.init(log_to_driver=True)  # the given cluster, e.g. under `ray job submit`
-        return
-    if not os.environ.get("RAY_ADDRESS"):
-        try:
-            ray.init(address="auto", log_to_driver=True)  # a cluster started with `ray start`
-            return
-        except (ConnectionError, RuntimeError, ValueError):
-            pass
+
+def private_cpus(cfg: Config) -> int:
+    """Logical CPUs of a private instance: every worker plus two data tasks at once (the
+    machine may have fewer cores; oversubscription only costs time)."""
     s = cfg.scaling
     need = int(s.max_workers * s.cpus_per_worker + 2 * cfg.data.tokenize_cpus + 0.999)
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False, runtime_env=env)
+    return max(os.cpu_count() or 1, need)
+
+
+def required_bundles(cfg: Config, gpu: bool) -> tuple[list, str]:
+    """What the cluster must hold at once for the run to make progress: `min_workers` train
+    workers plus one data task (a Ray Data read task takes 1 CPU, a tokenize task
+    `data.tokenize_cpus`), and the same in words."""
+    s = cfg.scaling
+    worker = {"CPU": s.cpus_per_worker, **s.resources_per_worker, **({"GPU": 1.0} if gpu else {})}
+    data = {"CPU": max(1.0, cfg.data.tokenize_cpus)}
+    words = (f"{s.min_workers} train worker{'s' if s.min_workers > 1 else ''} x "
+             + "{" + ", ".join(f"{k}: {v:g}" for k, v in worker.items() if v) + "}"
+             + f" plus a data task {{CPU: {data['CPU']:g}}}")
+    return [dict(worker) for _ in range(s.min_workers)] + [data], words
 
 
 def use_gpu(cfg: Config) -> bool:
@@ -90,8 +104,8 @@ def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool):
     s = cfg.scaling
     # Read by the Ray Train controller (Ray propagates it from the driver).
     os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(s.worker_group_start_timeout_s)
-    # Ray Train's print patch re-emits every worker print through its logger, which the driver
-    # then shows twice; worker stdout already reaches the driver and the Ray log files.
+    # Ray Train's print patch re-emits every worker print through its logger, so each would be
+    # in the Ray logs twice; worker stdout already goes to the worker's own log file.
     os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
     num_workers = s.min_workers if s.min_workers == s.max_workers else (s.min_workers, s.max_workers)
     resources = {"CPU": s.cpus_per_worker, **s.resources_per_worker}
@@ -150,6 +164,9 @@ def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str]) -> dict
                  tokens=sum(r["tokens"] for r in recs),
                  tokens_per_s=sum(r["tokens"] for r in recs) / max(1e-9, sum(r["step_s"] for r in recs)),
                  mean_mfu=sum(r["mfu"] for r in recs) / len(recs), bad_rows=recs[-1].get("bad_rows", 0))
+    found = ckpt_lib.latest_complete(paths.run_dir)
+    if found and found[1].get("counters", {}).get("bad_rows"):  # counts and first examples, with file and line
+        s["bad_rows_detail"] = found[1]["counters"]["bad_rows"]
     from elastic.launch.recovery import analyze
 
     acc = analyze(paths.local_dir)
@@ -159,22 +176,55 @@ def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str]) -> dict
     return s
 
 
-def run_pretraining(cfg: Config) -> PretrainResult:
-    """Plan data (fails fast), start/attach Ray, fit, summarise. Raises DataError early."""
+def resumes_from(run_dir: str) -> Optional[str]:
+    found = ckpt_lib.latest_complete(run_dir)
+    return found[0] if found else None
+
+
+def run_pretraining(cfg: Config, out: Optional[TextIO] = None, progress: bool = True) -> PretrainResult:
+    """Take the run's lease, plan data (fails fast), start or join Ray, fit while showing
+    progress, summarise. Raises LeaseHeld, DataError or ClusterError (one line) early.
+
+    Console order: the cluster line first (which cluster and its address), then the run
+    directory, the data plan, worker-group events and the progress line.
+    """
+    out = out or sys.stdout
+    say = lambda line: print(line, file=out, flush=True)  # noqa: E731
     paths = run_paths(cfg)
-    os.makedirs(paths.local_dir, exist_ok=True)
-    t0 = time.time()
-    plan = plan_data(cfg, paths)
-    print(f"[elastic] data: {plan.files} files, {plan.corpus_bytes / 2**20:.1f} MiB in {plan.num_shards} shards; "
-          f"tokenizer vocab {plan.tokenizer.vocab_size} ({plan.tokenizer.bytes_per_token:.2f} bytes/token)")
-    with open(os.path.join(paths.local_dir, "config.json"), "w") as f:
-        json.dump(to_dict(cfg), f, indent=2)
-    ensure_ray(cfg)
-    configure_data_context()  # captured by the trainer and propagated to its workers
-    trainer = build_trainer(cfg, plan, paths, use_gpu(cfg))
-    result = trainer.fit()
-    ckpt = result.checkpoint.path if result.checkpoint is not None else None
-    if result.error is not None:
-        raise result.error
-    wall = time.time() - t0
-    return PretrainResult(paths.run_dir, paths.local_dir, wall, ckpt, summarize(paths, wall, ckpt), ray_logs_dir())
+    choice = resolve_cluster()
+    lease = RunLease(paths.run_dir, on_lost=lambda rec: say(f"[elastic] warning: lease of {paths.run_dir} taken over by "
+                                                               f"pid {rec.get('pid')} on {rec.get('host')}; this run's heartbeat stalled"))
+    with lease:
+        os.makedirs(paths.local_dir, exist_ok=True)
+        t0 = time.time()
+        plan = plan_data(cfg, paths)
+        with open(os.path.join(paths.local_dir, "config.json"), "w") as f:
+            json.dump(to_dict(cfg), f, indent=2)
+        choice = connect(choice, private_cpus(cfg), worker_env())
+        say(choice.describe())
+        prev = lease.took_over
+        if prev:
+            say(f"[elastic] lease: took over a stale lease (pid {prev.get('pid')} on {prev.get('host')} is gone)"
+                if "pid" in prev else "[elastic] lease: replaced an unreadable lease file")
+        latest = resumes_from(paths.run_dir)
+        say(f"[elastic] run directory: {paths.run_dir} ({'resuming from ' + os.path.basename(latest) if latest else 'new run'})")
+        say(f"[elastic] data: {plan.files} files, {plan.corpus_bytes / 2**20:.1f} MiB in {plan.num_shards} shards; "
+            f"tokenizer vocab {plan.tokenizer.vocab_size} ({plan.tokenizer.bytes_per_token:.2f} bytes/token)")
+        gpu = use_gpu(cfg)
+        bundles, words = required_bundles(cfg, gpu)
+        wait_for_resources(bundles, words, cfg.scaling.resource_wait_s, "scaling.resource_wait_s")
+        configure_data_context()  # captured by the trainer and propagated to its workers
+        trainer = build_trainer(cfg, plan, paths, gpu)
+        follow = Progress(paths.local_dir, cfg.train.steps, cfg.train.until_step or cfg.train.steps, stream=out)
+        if progress:
+            follow.start()
+        try:
+            result = trainer.fit()
+        finally:
+            if progress:
+                follow.stop()
+        ckpt = result.checkpoint.path if result.checkpoint is not None else None
+        if result.error is not None:
+            raise result.error
+        wall = time.time() - t0
+        return PretrainResult(paths.run_dir, paths.local_dir, wall, ckpt, summarize(paths, wall, ckpt), ray_logs_dir())
