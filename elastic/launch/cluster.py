@@ -89,11 +89,17 @@ def recorded_cluster() -> tuple[Optional[str], str, str]:
 
 
 def resolve_cluster() -> ClusterChoice:
-    """Decide where the job runs without starting or joining anything."""
+    """Decide where the job runs without starting or joining anything (a process already
+    connected to Ray, e.g. a test or notebook, keeps its connection)."""
     import ray
 
     if ray.is_initialized():
         return ClusterChoice(CONNECTED, ray.get_runtime_context().gcs_address, "")
+    return choose_cluster()
+
+
+def choose_cluster() -> ClusterChoice:
+    """RAY_ADDRESS, else the live recorded `ray start` cluster, else a private instance."""
     env = os.environ.get(ENV, "").strip()
     if env == "local":
         return ClusterChoice(PRIVATE, None, record_file())

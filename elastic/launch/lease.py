@@ -86,7 +86,8 @@ class _Store:
 
             self.fs, base = pafs.FileSystem.from_uri(run_dir)
             self.path = f"{base.rstrip('/')}/{LEASE}"
-            self.where = f"{run_dir.rstrip('/')}/{LEASE}"
+            uri, q, query = run_dir.partition("?")
+            self.where = f"{uri.rstrip('/')}/{LEASE}{q}{query}"
 
     def read(self) -> Optional[bytes]:
         if self.local:
