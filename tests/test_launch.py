@@ -15,6 +15,7 @@ never the machine's, and RAY_ADDRESS is removed: the job resolves its cluster by
 from __future__ import annotations
 
 import collections
+import json
 import os
 import re
 import signal
@@ -76,6 +77,17 @@ def _wait(cond, what: str, proc: subprocess.Popen, log: Path, timeout: float = 3
         assert proc.poll() is None, f"job exited ({proc.returncode}) before {what}:\n{log.read_text()[-3000:]}"
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-3000:]}")
+
+
+def _registered(run: Path) -> Optional[str]:
+    """The checkpoint Ray Train resumes from: its controller's persisted snapshot in the run
+    dir (a checkpoint whose files are complete but that the controller has not registered
+    yet is not used)."""
+    try:
+        snap = json.loads((run / "checkpoint_manager_snapshot.json").read_text())
+        return (snap.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name")
+    except (OSError, ValueError):
+        return None
 
 
 OTHER = """
@@ -190,7 +202,7 @@ def test_relaunch_after_sigkill_takes_over_the_stale_lease_and_resumes(tmp_path)
     # Rank 1 stalls inside checkpoint 4, so the run is reliably alive after checkpoint 2.
     first = _start(ov, _env({"ELASTIC_FAULT_CKPT_DELAY": "rank=1,step=4,seconds=300"}), log)
     try:
-        _wait(lambda: bool(latest_complete(str(run))), "checkpoint 2", first, log)
+        _wait(lambda: _registered(run) == "step_00000002", "checkpoint 2 registered by Ray Train", first, log)
     finally:
         _kill_tree(first)
     assert (run / "lease.json").exists()  # SIGKILL: nobody released it
@@ -199,7 +211,8 @@ def test_relaunch_after_sigkill_takes_over_the_stale_lease_and_resumes(tmp_path)
     console = r.stdout + r.stderr
     assert r.returncode == 0, console[-4000:]
     assert f"[elastic] lease: took over a stale lease (pid {first.pid} on " in console
-    assert f"[elastic] run directory: {run} (resuming from step_00000002)" in console
+    assert f"[elastic] run directory: {run} (existing run, latest checkpoint step_00000002)" in console
+    assert "[elastic] workers: 2 started, resuming at step 2 " in console
     starts = [e["step"] for e in read_jsonl(run / "events.jsonl") if e["event"] == "start"]
     assert starts == [0, 2]
     assert latest_complete(str(run))[0].endswith("step_00000006")

@@ -207,7 +207,8 @@ def run_pretraining(cfg: Config, out: Optional[TextIO] = None, progress: bool = 
             say(f"[elastic] lease: took over a stale lease (pid {prev.get('pid')} on {prev.get('host')} is gone)"
                 if "pid" in prev else "[elastic] lease: replaced an unreadable lease file")
         latest = resumes_from(paths.run_dir)
-        say(f"[elastic] run directory: {paths.run_dir} ({'resuming from ' + os.path.basename(latest) if latest else 'new run'})")
+        say(f"[elastic] run directory: {paths.run_dir} "
+            f"({'existing run, latest checkpoint ' + os.path.basename(latest) if latest else 'new run'})")
         say(f"[elastic] data: {plan.files} files, {plan.corpus_bytes / 2**20:.1f} MiB in {plan.num_shards} shards; "
             f"tokenizer vocab {plan.tokenizer.vocab_size} ({plan.tokenizer.bytes_per_token:.2f} bytes/token)")
         gpu = use_gpu(cfg)
