@@ -176,11 +176,6 @@ def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str]) -> dict
     return s
 
 
-def resumes_from(run_dir: str) -> Optional[str]:
-    found = ckpt_lib.latest_complete(run_dir)
-    return found[0] if found else None
-
-
 def run_pretraining(cfg: Config, out: Optional[TextIO] = None, progress: bool = True) -> PretrainResult:
     """Take the run's lease, plan data (fails fast), start or join Ray, fit while showing
     progress, summarise. Raises LeaseHeld, DataError or ClusterError (one line) early.
@@ -189,12 +184,17 @@ def run_pretraining(cfg: Config, out: Optional[TextIO] = None, progress: bool = 
     directory, the data plan, worker-group events and the progress line.
     """
     out = out or sys.stdout
-    say = lambda line: print(line, file=out, flush=True)  # noqa: E731
+
+    def say(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    def lost(rec: dict) -> None:
+        say(f"[elastic] warning: pid {rec.get('pid')} on {rec.get('host')} took over the lease of {paths.run_dir}: "
+            "this run's heartbeat stalled past the lease TTL")
+
     paths = run_paths(cfg)
     choice = resolve_cluster()
-    lease = RunLease(paths.run_dir, on_lost=lambda rec: say(f"[elastic] warning: lease of {paths.run_dir} taken over by "
-                                                               f"pid {rec.get('pid')} on {rec.get('host')}; this run's heartbeat stalled"))
-    with lease:
+    with RunLease(paths.run_dir, on_lost=lost) as lease:
         os.makedirs(paths.local_dir, exist_ok=True)
         t0 = time.time()
         plan = plan_data(cfg, paths)
@@ -204,11 +204,11 @@ def run_pretraining(cfg: Config, out: Optional[TextIO] = None, progress: bool = 
         say(choice.describe())
         prev = lease.took_over
         if prev:
-            say(f"[elastic] lease: took over a stale lease (pid {prev.get('pid')} on {prev.get('host')} is gone)"
+            say(f"[elastic] lease: took over a stale lease (pid {prev.get('pid')} on {prev.get('host')}: its run is gone)"
                 if "pid" in prev else "[elastic] lease: replaced an unreadable lease file")
-        latest = resumes_from(paths.run_dir)
+        latest = ckpt_lib.latest_complete(paths.run_dir)
         say(f"[elastic] run directory: {paths.run_dir} "
-            f"({'existing run, latest checkpoint ' + os.path.basename(latest) if latest else 'new run'})")
+            f"({'existing run, latest checkpoint ' + os.path.basename(latest[0]) if latest else 'new run'})")
         say(f"[elastic] data: {plan.files} files, {plan.corpus_bytes / 2**20:.1f} MiB in {plan.num_shards} shards; "
             f"tokenizer vocab {plan.tokenizer.vocab_size} ({plan.tokenizer.bytes_per_token:.2f} bytes/token)")
         gpu = use_gpu(cfg)
