@@ -83,11 +83,9 @@ class Progress:
         if left <= 0:
             return 0.0
         w = list(self.window)
-        if len(w) >= 2 and w[-1]["step"] > w[0]["step"]:
-            per = (w[-1]["time"] - w[0]["time"]) / (w[-1]["step"] - w[0]["step"])
-        else:
-            per = self.last.get("step_s")
-        return left * per if per is not None else None
+        if len(w) < 2 or w[-1]["step"] <= w[0]["step"]:
+            return None  # a worker group's first step (start-up, first data) says little of its pace
+        return left * (w[-1]["time"] - w[0]["time"]) / (w[-1]["step"] - w[0]["step"])
 
     def status(self) -> str:
         """Step, loss, tokens/s (over the recent window), MFU, world size, extras, ETA."""
@@ -100,8 +98,9 @@ class Progress:
         parts += [f"{label} {fmt.format(r[k])}" for k, label, fmt in EXTRA_FIELDS if isinstance(r.get(k), (int, float))]
         if r.get("world_size"):
             parts.append(f"{r['world_size']} workers")
-        if r["step"] < self.stop_step:
-            parts.append(f"ETA {fmt_duration(self.eta_s())}")
+        eta = self.eta_s()
+        if r["step"] < self.stop_step and eta is not None:
+            parts.append(f"ETA {fmt_duration(eta)}")
         return " | ".join(p for p in parts if p)
 
     def plain_line(self) -> str:
