@@ -31,7 +31,7 @@ def _writer(d, steps, t0=1000.0, dt=0.5, pause=0.01, **extra):
     return threading.Thread(target=run)
 
 
-def test_plain_lines_are_periodic_and_end_with_the_last_step(tmp_path):
+def test_plain_lines_at_each_tenth_of_the_run_and_the_last_step(tmp_path):
     out = io.StringIO()
     p = Progress(str(tmp_path), total=100, stream=out, interval_s=3600, poll_s=0.02).start()
     w = _writer(tmp_path, 100)
@@ -40,10 +40,21 @@ def test_plain_lines_are_periodic_and_end_with_the_last_step(tmp_path):
     p.stop()
     shown = out.getvalue().splitlines()
     assert shown[0] == "[elastic] workers: 2 started at step 0 (attention sdpa_mask, cpu, float32)"
-    steps = [ln for ln in shown if ln.startswith("[elastic] step ")]
-    # the first step seen and the last; nothing in between with an hour-long interval
-    assert len(steps) == 2 and steps[-1].startswith("[elastic] step 100/100 (100%) loss 5.0000 | 4,000 tok/s | MFU 25.0%")
+    steps = [int(ln.split()[2].split("/")[0]) for ln in shown if ln.startswith("[elastic] step ")]
+    # the first step seen, then one line per tenth (the poll may see a tenth a little late), then 100
+    assert 10 <= len(steps) <= 12 and steps[-1] == 100 and len({s // 10 for s in steps}) == len(steps), steps
+    assert shown[-1].startswith("[elastic] step 100/100 (100%) loss 5.0000 | 4,000 tok/s | MFU 25.0%")
     assert "\r" not in out.getvalue()
+
+
+def test_plain_lines_also_every_interval_on_a_long_run(tmp_path):
+    out = io.StringIO()
+    p = Progress(str(tmp_path), total=10_000, stream=out, interval_s=0, poll_s=0.02).start()
+    w = _writer(tmp_path, 5, pause=0.1)
+    w.start()
+    w.join()
+    p.stop()
+    assert len([ln for ln in out.getvalue().splitlines() if ln.startswith("[elastic] step ")]) >= 3
 
 
 def test_terminal_bar_redraws_in_place_with_eta(tmp_path):
@@ -52,8 +63,9 @@ def test_terminal_bar_redraws_in_place_with_eta(tmp_path):
     w = _writer(tmp_path, 20, pause=0.02)
     w.start()
     w.join()
-    time.sleep(0.1)
-    p.poll()
+    end = time.time() + 10
+    while "20/40" not in out.getvalue() and time.time() < end:
+        time.sleep(0.02)
     live = out.getvalue().split("\r")[-1].replace("\x1b[2K", "")
     # 20 of 40 steps done at 0.5 s of wall time per step: 10 s left
     assert "20/40" in live and "ETA 10s" in live and "2 workers" in live and "█" in live
@@ -69,6 +81,9 @@ def test_extra_fields_and_restarts_are_shown(tmp_path):
     w = _writer(tmp_path, 2, reward_mean=0.625)
     w.start()
     w.join()
+    end = time.time() + 10
+    while "step 2/3" not in out.getvalue() and time.time() < end:  # the follower has shown the first group
+        time.sleep(0.02)
     append_record(str(tmp_path / EVENTS), {"event": "failure_decision", "time": 1002.0, "decision": "RETRY"})
     append_record(str(tmp_path / EVENTS), {"event": "start", "time": 1003.0, "world_size": 1, "step": 2,
                                            "resumed_from": "/r/step_00000002", "attention_backend": "sdpa_mask",

@@ -8,7 +8,9 @@ from the workers, works for every job that writes the same records (pretraining,
 and lets worker stdout stay in the Ray logs.
 
 On a terminal the line is a progress bar redrawn in place; otherwise (a log file, `ray job
-submit`) it is a plain line every `interval_s` seconds, plus the first and the last step.
+submit`) it is a plain line at the first step, at every tenth of the run and at its last step,
+and in between at least every `interval_s` seconds, so a short run's console stays the same
+length however slow the machine is and a long run still shows it is alive.
 Events print as their own lines. Fields that some jobs add (`reward_mean`, `kl`, ...) are
 shown when present.
 """
@@ -56,13 +58,15 @@ class Progress:
     """
 
     def __init__(self, local_dir: str, total: int, stop_step: Optional[int] = None, stream: Optional[IO[str]] = None,
-                 tty: Optional[bool] = None, interval_s: float = 15.0, poll_s: float = 0.5, prefix: str = "[elastic]"):
+                 tty: Optional[bool] = None, interval_s: float = 300.0, milestones: int = 10, poll_s: float = 0.5,
+                 prefix: str = "[elastic]"):
         self.metrics = os.path.join(local_dir, METRICS)
         self.events = os.path.join(local_dir, EVENTS)
         self.total, self.stop_step = total, stop_step or total
         self.stream = stream or sys.stdout
         self.tty = self.stream.isatty() if tty is None else tty
         self.interval_s, self.poll_s, self.prefix = interval_s, poll_s, prefix
+        self.every = max(1, total // max(1, milestones))  # steps between milestone lines
         self.window: Deque[Dict] = deque(maxlen=20)  # recent step records of the current worker group
         self.last: Optional[Dict] = None
         self.last_printed_step = 0
@@ -153,7 +157,9 @@ class Progress:
             return
         now = time.monotonic()
         step = self.last["step"]
-        due = self.last_printed_step == 0 or now - self._last_line_t >= self.interval_s or step >= self.stop_step or final
+        milestone = step // self.every > self.last_printed_step // self.every
+        due = (self.last_printed_step == 0 or milestone or now - self._last_line_t >= self.interval_s
+               or step >= self.stop_step or final)
         if due and step != self.last_printed_step:
             self._write(self.plain_line() + "\n")
             self.last_printed_step, self._last_line_t = step, now
