@@ -18,6 +18,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 import psutil
+import pytest
 
 from elastic.launch.local_cluster import LocalCluster
 from elastic.train.checkpoint import latest_complete
@@ -36,9 +38,20 @@ from tests.helpers import make_text_corpus, read_jsonl, small_run_overrides
 RAY_LOG_LINE = re.compile(r"WARNING|ERROR|Traceback|\(\w+ pid=\d+|\(pid=\d+| [WE] \d+ \d+\]|Failed to query|may hang forever")
 
 
+_TMPDIRS: List[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _remove_ray_tmpdirs():
+    yield
+    while _TMPDIRS:
+        shutil.rmtree(_TMPDIRS.pop(), ignore_errors=True)
+
+
 def _env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(RAY_TMPDIR=tempfile.mkdtemp(prefix="rt", dir="/tmp"), WANDB_MODE="disabled")  # short: socket paths
+    _TMPDIRS.append(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # short: Ray's socket paths are length-limited
+    env.update(RAY_TMPDIR=_TMPDIRS[-1], WANDB_MODE="disabled")
     env.update(extra or {})
     return env
 
