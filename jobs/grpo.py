@@ -56,18 +56,25 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    from elastic.launch.cluster import ClusterError
     from elastic.launch.grpo import run_grpo
+    from elastic.launch.lease import LeaseHeld
     from elastic.reward.problems import ProblemError
 
-    print(f"[elastic] run directory: {cfg.run.storage_path}/{cfg.run.name}")
     try:
         res = run_grpo(cfg)
     except (DataError, ProblemError, ConfigError) as e:
         print(f"{'config' if isinstance(e, ConfigError) else 'data'} error: {e}", file=sys.stderr)
         return 2
+    except LeaseHeld as e:
+        print(f"run error: {e}", file=sys.stderr)
+        return 3
+    except ClusterError as e:
+        print(f"cluster error: {e}", file=sys.stderr)
+        return 4
     if res.stopped:
         print(f"[elastic] run stopped at its own request: {res.stopped}", file=sys.stderr)
-        return 3
+        return 5
     s = res.summary
     print(f"[elastic] done in {res.wall_s:.0f}s: reward {s.get('first_reward', float('nan')):.3f} -> "
           f"{s.get('last_reward', float('nan')):.3f}")

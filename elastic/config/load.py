@@ -214,6 +214,7 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(s.max_failures >= -1, "scaling.max_failures", f"must be >= -1 (-1 = unlimited), got {s.max_failures}")
     _check(s.worker_group_start_timeout_s > 0, "scaling.worker_group_start_timeout_s", "must be > 0")
     _check(s.elastic_resize_monitor_interval_s > 0, "scaling.elastic_resize_monitor_interval_s", "must be > 0")
+    _check(s.resource_wait_s >= 0, "scaling.resource_wait_s", f"must be >= 0, got {s.resource_wait_s}")
     # Every world size the run may take must split the global batch into whole micro-batches.
     for w in range(s.min_workers, s.max_workers + 1):
         per = t.global_batch_size / w

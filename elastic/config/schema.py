@@ -130,6 +130,10 @@ class ScalingSection:
     # Kubernetes; short on fixed machines.
     worker_group_start_timeout_s: float = 60.0
     max_failures: int = 3
+    # Before training starts, how long the driver waits for the cluster to hold min_workers
+    # workers plus one data task at once, then stops with one line naming what is missing.
+    # Give an autoscaling cluster time to add nodes; 0 checks once.
+    resource_wait_s: float = 60.0
 
 
 @dataclass

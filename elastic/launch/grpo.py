@@ -8,19 +8,15 @@ any worker starts.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import time
-from typing import Optional
+from typing import Optional, TextIO
 
-from elastic.config import Config, ConfigError, to_dict
+from elastic.config import Config, ConfigError
 from elastic.data.chat import ChatFormat
 from elastic.data.sources import DataError
 from elastic.data.tokenizer import load_or_train
-from elastic.launch.pretrain import (PretrainResult, RunPaths, build_torch_trainer, ensure_ray, ray_logs_dir, run_paths,
-                                     summarize, use_gpu)
-from elastic.records import EVENTS, read_records
+from elastic.launch.pretrain import JobLaunch, PretrainResult, RunPaths, build_torch_trainer, run_job
 
 
 def policy_tokenizer(cfg: Config) -> str:
@@ -42,44 +38,47 @@ def reward_service_name(cfg: Config) -> str:
     return f"elastic-reward-{cfg.run.name}"
 
 
-def run_grpo(cfg: Config) -> PretrainResult:
-    from elastic.reward.problems import load_problems
-    from elastic.reward.service import start_service
-    from elastic.rl.grpo import grpo_loop_per_worker
-    from elastic.rl.split import split_problems
+class GRPOLaunch(JobLaunch):
+    def plan(self, cfg: Config, paths: RunPaths, say) -> None:
+        from elastic.reward.problems import load_problems
+        from elastic.rl.split import split_problems
 
-    paths: RunPaths = run_paths(cfg)
-    os.makedirs(paths.local_dir, exist_ok=True)
-    t0 = time.time()
-    problems = load_problems(cfg.rl.problems)  # ProblemError: one line naming the file and field
-    split = split_problems(problems, cfg.rl.heldout, where=cfg.rl.problems)
-    tok_path = policy_tokenizer(cfg)
-    tok = load_or_train(tok_path, "", [], cfg.data.vocab_size)
-    run_tok = os.path.join(paths.local_dir, "tokenizer.json")
-    if os.path.abspath(tok_path) != os.path.abspath(run_tok):  # the run carries its tokenizer (export, reports)
-        shutil.copyfile(tok_path, run_tok)
-    chat = ChatFormat(chat_template=None if cfg.sft.template == "builtin" else tok.chat_template,
-                      eos_token=tok.eos_token, bos_token=tok.bos_token)
-    print(f"[elastic] GRPO: {len(split.train)} training problems, {len(split.heldout)} held out; "
-          f"{cfg.rl.prompts_per_step} prompts x {cfg.rl.group_size} samples per step; policy from {cfg.model.init_from}")
-    with open(os.path.join(paths.local_dir, "config.json"), "w") as f:
-        json.dump(to_dict(cfg), f, indent=2)
-    ensure_ray(cfg)
-    service = start_service(cfg.reward, cfg.rl.problems, name=reward_service_name(cfg), problems=problems)
-    try:
-        trainer = build_torch_trainer(cfg, paths, use_gpu(cfg), grpo_loop_per_worker,
-                                      {"tokenizer_json": tok.json, "chat_format": chat, "eos_id": tok.eos_id,
-                                       "reward_service": reward_service_name(cfg)})
-        result = trainer.fit()
-    finally:
-        service.shutdown()
-    ckpt = result.checkpoint.path if result.checkpoint is not None else None
-    if result.error is not None:
-        raise result.error
-    wall = time.time() - t0
-    stops = [e for e in read_records(os.path.join(paths.local_dir, EVENTS)) if e.get("event") == "stop" and e["time"] >= t0]
-    return PretrainResult(paths.run_dir, paths.local_dir, wall, ckpt, summarize(paths, wall, ckpt), ray_logs_dir(),
-                          stopped=stops[-1]["reason"] if stops else None)
+        self.problems = load_problems(cfg.rl.problems)  # ProblemError: one line naming the file and field
+        self.split = split_problems(self.problems, cfg.rl.heldout, where=cfg.rl.problems)
+        tok_path = policy_tokenizer(cfg)
+        self.tok = load_or_train(tok_path, "", [], cfg.data.vocab_size)
+        run_tok = os.path.join(paths.local_dir, "tokenizer.json")
+        if os.path.abspath(tok_path) != os.path.abspath(run_tok):  # the run carries its tokenizer (export, reports)
+            shutil.copyfile(tok_path, run_tok)
+        self.chat = ChatFormat(chat_template=None if cfg.sft.template == "builtin" else self.tok.chat_template,
+                               eos_token=self.tok.eos_token, bos_token=self.tok.bos_token)
+        self.cfg = cfg
+        self.service = None
+
+    def describe(self) -> list:
+        rl = self.cfg.rl
+        return [f"[elastic] GRPO: {len(self.split.train)} training problems, {len(self.split.heldout)} held out; "
+                f"{rl.prompts_per_step} prompts x {rl.group_size} samples per step; policy from {self.cfg.model.init_from}"]
+
+    def start(self, cfg: Config, paths: RunPaths) -> None:
+        from elastic.reward.service import start_service
+
+        self.service = start_service(cfg.reward, cfg.rl.problems, name=reward_service_name(cfg), problems=self.problems)
+
+    def trainer(self, cfg: Config, paths: RunPaths, gpu: bool):
+        from elastic.rl.grpo import grpo_loop_per_worker
+
+        return build_torch_trainer(cfg, paths, gpu, grpo_loop_per_worker,
+                                   {"tokenizer_json": self.tok.json, "chat_format": self.chat, "eos_id": self.tok.eos_id,
+                                    "reward_service": reward_service_name(cfg)})
+
+    def stop(self) -> None:
+        if self.service is not None:
+            self.service.shutdown()
+
+
+def run_grpo(cfg: Config, out: Optional[TextIO] = None, progress: bool = True) -> PretrainResult:
+    return run_job(cfg, GRPOLaunch(), out, progress)
 
 
 def latest_checkpoint(run_dir: str) -> Optional[str]:
