@@ -145,6 +145,10 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
     sched = build_scheduler(opt, t.warmup_steps * ups, t.steps * ups, t.min_lr_ratio)
     if state.scheduler:
         sched.load_state_dict(state.scheduler)
+        # Building the scheduler set the step-0 LR on the (already restored) optimizer: put
+        # back the LR of the step being resumed.
+        for group, lr in zip(opt.param_groups, sched.get_last_lr()):
+            group["lr"] = lr
 
     # One id per worker-group attempt, shared by all ranks (the ledger groups records by it).
     ids = [time.time()]
