@@ -12,6 +12,7 @@ inside training workers is elastic/train's business.
 
 from __future__ import annotations
 
+import warnings
 from typing import Dict, Tuple
 
 import torch
@@ -33,5 +34,7 @@ def model_tensor_specs(step_dir: str) -> Dict[str, Tuple[Tuple[int, ...], torch.
 def read_model_state(step_dir: str) -> Dict[str, torch.Tensor]:
     """Full model tensors (our FQNs, as `Transformer.state_dict()` names them) on CPU."""
     sd = {k: torch.empty(shape, dtype=dt) for k, (shape, dt) in model_tensor_specs(step_dir).items()}
-    dcp.load({"model": sd}, storage_reader=FileSystemReader(step_dir), no_dist=True)
+    with warnings.catch_warnings():  # "torch.distributed is disabled ... single process": intended
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"model": sd}, storage_reader=FileSystemReader(step_dir), no_dist=True)
     return sd

@@ -93,6 +93,10 @@ def _safetensors_header(path: str) -> Dict[str, Any]:
     except (OSError, ValueError, struct.error) as e:
         raise ConfigError(f"{path}: not a readable safetensors file ({str(e).splitlines()[0]})") from None
     header.pop("__metadata__", None)
+    end = max((int(e["data_offsets"][1]) for e in header.values() if isinstance(e, dict) and "data_offsets" in e), default=0)
+    size = os.path.getsize(path)
+    if size != 8 + n + end:  # e.g. an interrupted download
+        raise ConfigError(f"{path}: {size} bytes, its header describes {8 + n + end} (truncated or corrupt)")
     return header
 
 
@@ -217,6 +221,33 @@ def _check_state(state: Dict[str, torch.Tensor], args: ModelArgs, where: str) ->
             raise ConfigError(f"{where}: missing tensor {name}")
         if tuple(state[name].shape) != shapes[name]:
             raise ConfigError(f"{where}: tensor {name} has shape {list(state[name].shape)}, the run's config implies {list(shapes[name])}")
+
+
+def check_init_from(cfg) -> None:
+    """Driver-side check of `model.init_from` before any worker starts: the source's tensors
+    (HF safetensors headers, or our checkpoint's DCP .metadata) match the resolved sizes.
+    Reads no tensor data. ConfigError with one line naming the tensor otherwise."""
+    from elastic.config import resolved_model_dims
+    from elastic.config.init_from import resolve_init_from
+
+    src = resolve_init_from(cfg.model.init_from)
+    args = ModelArgs(**resolved_model_dims(cfg))
+    if src.kind == "hf":
+        try:
+            check_hf_dir(src.path, args)
+        except ConfigError as e:
+            raise ConfigError(f"model.init_from: {e}") from None
+        return
+    from elastic.model.dcp_io import model_tensor_specs
+
+    specs = model_tensor_specs(src.path)
+    shapes = expected_shapes(args)
+    for name, want in shapes.items():
+        if name not in specs:
+            raise ConfigError(f"model.init_from: {src.path}: missing tensor model.{name}")
+        if specs[name][0] != want:
+            raise ConfigError(f"model.init_from: {src.path}: tensor model.{name} has shape {list(specs[name][0])}, "
+                              f"{src.config_path} implies {list(want)}")
 
 
 # ------------------------------------------------------------------------------------ out
