@@ -381,15 +381,18 @@ def save_hf(state: Dict[str, torch.Tensor], args: ModelArgs, out_dir: str, token
 
 
 def export_checkpoint(step_dir: str, out_dir: str, dtype: Optional[torch.dtype] = None,
-                      max_shard_bytes: int = MAX_SHARD_BYTES) -> List[str]:
+                      max_shard_bytes: int = MAX_SHARD_BYTES, key: str = "--checkpoint") -> List[str]:
     """One of our DCP checkpoints (`<run>/step_N`) → an HF directory. Read in one process,
-    without a process group; the bytes written do not depend on the world size that saved it."""
+    without a process group; the bytes written do not depend on the world size that saved it.
+    Errors are one-line ConfigErrors starting with `key`."""
     from elastic.config.init_from import resolve_init_from
     from elastic.model.dcp_io import read_model_state
 
+    if not os.path.isdir(step_dir):
+        raise ConfigError(f"{key}: {step_dir}: no such directory")
     if not os.path.isfile(os.path.join(step_dir, "train_state.json")):
-        raise ConfigError(f"{step_dir}: not one of our checkpoints (no train_state.json)")
-    src = resolve_init_from(step_dir, key="--checkpoint")
+        raise ConfigError(f"{key}: {step_dir}: not one of our checkpoints (no train_state.json)")
+    src = resolve_init_from(step_dir, key=key)
     args = ModelArgs(**src.dims)
     state = read_model_state(step_dir)
     if args.tie_embeddings:
