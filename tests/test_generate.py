@@ -177,3 +177,21 @@ def test_default_forward_is_one_document_per_row(models):
         a = ours(tokens)
         b = ours(tokens, torch.arange(4).expand(2, 4), torch.zeros_like(tokens))
     torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_generate_benchmark_smoke(tmp_path):
+    """bench/generate_throughput.py runs and both modes agree (its exit status checks that)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "gen.json"
+    r = subprocess.run([sys.executable, str(repo / "bench" / "generate_throughput.py"), "--smoke", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    rows = json.loads(out.read_text())["results"]
+    assert [row["batch"] for row in rows] == [1, 2]
+    assert all(row["same_tokens"] and row["tokens"] == 8 * row["batch"] for row in rows)
+    assert "ratio = recompute seconds / cache seconds" in r.stdout

@@ -6,7 +6,8 @@ decode step that would hang on mismatched collectives. torch.profiler confirms t
 mechanism: inside `gathered_parameters` generation issues no collective at all, while the
 same generate() on the sharded model without it issues FSDP all-gathers (the control shows
 the profiler does see them). Training still works on the model afterwards.
-fp32 parameters: tokens must be identical, log-probabilities within 1e-5.
+fp32 parameters: tokens must be identical, log-probabilities within 1e-5. A bf16
+mixed-precision group must give the same greedy tokens as the model cast to bf16.
 """
 
 import json
@@ -80,9 +81,18 @@ def worker(config):
     loss = model(tokens).float().logsumexp(-1).mean()
     loss.backward()
     grad_ok = all(p.grad is not None and torch.isfinite(p.grad.full_tensor()).all().item() for p in model.parameters())
+    # bf16 compute as on GPUs (MixedPrecisionPolicy param_dtype=bf16): the cache follows the
+    # compute dtype, RoPE stays fp32 (complex inputs are not cast).
+    bf = build_model()
+    mp16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for block in bf.layers:
+        fully_shard(block, mesh=mesh, mp_policy=mp16)
+    fully_shard(bf, mesh=mesh, mp_policy=mp16)
+    bf16 = [c.__dict__ for c in fsdp_generate(bf, prompts, 16)]
     with open(os.path.join(config["out"], f"rank{rank}.json"), "w") as f:
         json.dump({"greedy": greedy, "sampled": sampled, "again": again, "inside": inside, "control": control,
-                   "grad_ok": grad_ok, "resharded": all(type(p).__name__ == "DTensor" for p in model.parameters())}, f)
+                   "grad_ok": grad_ok, "resharded": all(type(p).__name__ == "DTensor" for p in model.parameters()),
+                   "bf16": bf16}, f)
 
 
 def test_fsdp_generation_matches_single_process(ray_local, tmp_path):
@@ -110,4 +120,6 @@ def test_fsdp_generation_matches_single_process(ray_local, tmp_path):
                 assert a["finish_reason"] == b.finish_reason
                 torch.testing.assert_close(torch.tensor(a["logprobs"]), torch.tensor(b.logprobs), atol=1e-5, rtol=0)
         saw_stop |= any(c["finish_reason"] == "stop" for c in got["greedy"])
+        ref16 = generate(build_model().to(torch.bfloat16), prompts, 16)
+        assert [c["tokens"] for c in got["bf16"]] == [c.tokens for c in ref16], f"rank {rank} bf16"
     assert saw_stop  # the two ranks really ran different numbers of decode steps

@@ -80,12 +80,13 @@ def sample_next(logits: torch.Tensor, temperature: float, top_k: int, top_p: flo
     probs = filter_logits(logits, temperature, top_k, top_p).softmax(-1)
     V = probs.shape[-1]
     noise = torch.stack([torch.empty(V, device=probs.device).exponential_(generator=g) for g in generators])
+    # An exact 0 draw would make 0/0 = NaN for a filtered-out token, and argmax picks NaN.
+    noise.clamp_(min=torch.finfo(noise.dtype).tiny)
     return (probs / noise).argmax(-1)
 
 
 def _model_device(model: nn.Module) -> torch.device:
-    buf = getattr(model, "freqs_cis", None)  # a plain buffer also under FSDP (params are DTensors)
-    return buf.device if buf is not None else next(model.parameters()).device
+    return model.tok_embeddings.weight.device  # also for FSDP's DTensor parameters
 
 
 def _left_pad(seqs: List[List[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,7 +125,7 @@ def generate(model: nn.Module, prompts: List[List[int]], max_new_tokens: int, te
         gens.append(g)
     stops = torch.tensor(sorted(set(int(t) for t in stop_token_ids)), dtype=torch.long, device=device)
     longest = max(len(p) for p in prompts)
-    model.ensure_rope(longest + max_new_tokens)
+    model.rope_table(device, longest + max_new_tokens)
 
     active = list(range(n))  # prompt index of each row of the current batch
     if use_cache:

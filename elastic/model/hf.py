@@ -15,6 +15,7 @@ Out: `save_hf(state_dict, args, out_dir, ...)` → config.json, safetensors (sha
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -68,7 +69,7 @@ def hf_key_map(args: ModelArgs) -> Dict[str, str]:
 def expected_shapes(args: ModelArgs) -> Dict[str, Tuple[int, ...]]:
     """Our FQN → shape, from a model built on the meta device (no memory)."""
     with torch.device("meta"):
-        model = Transformer(args)
+        model = Transformer(dataclasses.replace(args, max_seq_len=1))  # sizes do not depend on it
     return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
@@ -209,7 +210,6 @@ def from_pretrained(path: str, device: str | torch.device = "cpu", dtype: Option
         model = Transformer(args, attention_backend=attention_backend)
     model.to_empty(device=device)
     model.tie_weights()
-    model.init_buffers()
     load_state_into(model, state)
     return model.to(dtype) if dtype is not None else model
 

@@ -142,8 +142,10 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(a.dim, a.norm_eps)
         self.output = nn.Linear(a.dim, a.vocab_size, bias=False)
         self.tie_weights()
-        # Not a parameter and not saved: recomputed on any device, never sharded by FSDP.
-        self.register_buffer("freqs_cis", rope_frequencies(a.head_dim, a.max_seq_len, a.rope_theta), persistent=False)
+        # RoPE table: a plain attribute, not a buffer, so `.to(dtype)`, `to_empty()`, FSDP and
+        # state dicts never touch it (Module.to(float32) would cast complex to real); it is
+        # (re)built in fp32 on the device of the tokens when first needed there.
+        self.freqs_cis = rope_frequencies(a.head_dim, a.max_seq_len, a.rope_theta, device="cpu")
 
     def init_weights(self, seed: Optional[int] = None) -> None:
         """Deterministic init (normal 0.02, output projections scaled by depth, GPT-2 style)."""
@@ -177,7 +179,7 @@ class Transformer(nn.Module):
                 if doc_ids is None:
                     doc_ids = torch.zeros_like(tokens)
                 meta = build_attention_metadata(doc_ids, self.attention_backend)
-        freqs = self.freqs_cis[positions]
+        freqs = self.rope_table(positions.device)[positions]
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, freqs, meta, cache) if cache is not None else layer(h, freqs, meta)
@@ -193,18 +195,15 @@ class Transformer(nn.Module):
         if self.args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
 
-    def init_buffers(self, device: Optional[torch.device] = None) -> None:
-        """(Re)compute the RoPE table, e.g. after building on the meta device and `to_empty()`
-        (non-persistent buffers are not loaded from any checkpoint)."""
-        a = self.args
-        dev = device if device is not None else self.tok_embeddings.weight.device
-        self.freqs_cis = rope_frequencies(a.head_dim, a.max_seq_len, a.rope_theta, device=dev)
-
-    def ensure_rope(self, max_pos: int) -> None:
-        """Grow the RoPE table to cover positions < max_pos (generation may run past max_seq_len)."""
-        if max_pos > self.freqs_cis.shape[0]:
+    def rope_table(self, device: torch.device, min_positions: int = 0) -> torch.Tensor:
+        """The [n, head_dim/2] complex RoPE table on `device`, n >= max(max_seq_len, min_positions)
+        (generation may run past max_seq_len)."""
+        t = self.freqs_cis
+        n = max(t.shape[0], min_positions)
+        if t.device != torch.device(device) or t.is_meta or n > t.shape[0]:
             a = self.args
-            self.freqs_cis = rope_frequencies(a.head_dim, max_pos, a.rope_theta, device=self.freqs_cis.device)
+            t = self.freqs_cis = rope_frequencies(a.head_dim, n, a.rope_theta, device=device)
+        return t
 
     def num_params(self, exclude_embeddings: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())
