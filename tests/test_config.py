@@ -67,3 +67,77 @@ def test_shipped_configs_load_and_tiny_is_the_embedded_default():
     assert to_dict(load_config(str(REPO / "jobs" / "configs" / "tiny.yaml"))) == to_dict(load_config(None))
     for p in sorted((REPO / "jobs" / "configs").glob("*.yaml")):
         load_config(str(p))  # every shipped config is valid
+
+
+# ---- the rl section (GRPO): every bad value is one line naming its key, before any work ----
+
+GRPO_3_WORKERS = ["scaling.max_workers=3", "train.global_batch_size=24", "train.micro_batch_size=4"]
+
+
+@pytest.mark.parametrize(
+    "overrides, key",
+    [
+        (["rl.nope=1"], "rl.nope"),
+        (["rl=3"], "rl"),
+        (["rl.group_size=1"], "rl.group_size"),
+        (["rl.group_size=four"], "rl.group_size"),
+        (["rl.prompts_per_step=0"], "rl.prompts_per_step"),
+        (["rl.max_new_tokens=0"], "rl.max_new_tokens"),
+        (["rl.temperature=0"], "rl.temperature"),
+        (["rl.temperature=hot"], "rl.temperature"),
+        (["rl.top_p=0"], "rl.top_p"),
+        (["rl.top_p=1.5"], "rl.top_p"),
+        (["rl.top_k=-1"], "rl.top_k"),
+        (["rl.clip_low=0"], "rl.clip_low"),
+        (["rl.clip_low=1.0"], "rl.clip_low"),
+        (["rl.clip_high=0"], "rl.clip_high"),
+        (["rl.kl_coef=-0.1"], "rl.kl_coef"),
+        (["rl.kl_estimator=k4"], "rl.kl_estimator"),
+        (["rl.loss_agg=mean"], "rl.loss_agg"),
+        (["rl.adv_norm=std"], "rl.adv_norm"),
+        (["rl.filter_zero_variance=maybe"], "rl.filter_zero_variance"),
+        (["rl.updates_per_rollout=0"], "rl.updates_per_rollout"),
+        (["rl.minibatches_per_update=0"], "rl.minibatches_per_update"),
+        (["rl.micro_batch_size=0"], "rl.micro_batch_size"),
+        (["rl.overlong_penalty=-1"], "rl.overlong_penalty"),
+        (["rl.truncation_penalty=-0.5"], "rl.truncation_penalty"),
+        (["rl.overlong_buffer=-1"], "rl.overlong_buffer"),
+        (["rl.overlong_penalty=1", "rl.overlong_buffer=0"], "rl.overlong_buffer"),
+        (["rl.overlong_penalty=1", "rl.overlong_buffer=300"], "rl.overlong_buffer"),  # > max_new_tokens 256
+        (["rl.eval_every=-1"], "rl.eval_every"),
+        (["rl.heldout=[]"], "rl.eval_every"),  # evaluation on (default 10) with nothing held out
+        (["rl.heldout=[a, a]"], "rl.heldout"),
+        (["rl.heldout=[ok, a/b]"], "rl.heldout[1]"),
+        (["rl.heldout=column-hashes"], "rl.heldout"),  # a string, not a list
+        (["rl.problems=''"], "rl.problems"),
+        # the rollout batch must split over every world size in min..max (grpo job only)
+        (GRPO_3_WORKERS, "rl.prompts_per_step"),  # 4 x 4 = 16 completions over 3 workers
+        (["rl.micro_batch_size=3"], "rl.prompts_per_step"),  # 8 per worker, not whole micro-batches of 3
+        (["rl.minibatches_per_update=3"], "rl.minibatches_per_update"),  # 16 into 3 minibatches
+    ],
+)
+def test_bad_rl_config_is_one_line_naming_the_key(overrides, key):
+    with pytest.raises(ConfigError) as ei:
+        load_config(None, overrides, job="grpo")
+    msg = str(ei.value)
+    assert "\n" not in msg
+    assert msg.startswith(key + ":"), msg
+
+
+def test_rl_defaults_are_valid_and_the_batch_split_is_checked_only_for_grpo():
+    cfg = load_config(None, job="grpo")
+    rl = cfg.rl
+    assert (rl.group_size, rl.prompts_per_step, rl.max_new_tokens, rl.temperature) == (4, 4, 256, 1.0)
+    assert (rl.clip_low, rl.clip_high, rl.loss_agg, rl.adv_norm) == (0.2, 0.28, "token_mean", "group_std")
+    assert rl.overlong_penalty == 0 and rl.truncation_penalty == 0  # length shaping is off by default
+    # A pretraining run over 2..3 workers does not train on the rl batch: not refused over it.
+    assert load_config(None, GRPO_3_WORKERS).scaling.max_workers == 3
+    # A GRPO run whose batch does split over 2..4 workers is accepted: 8 x 3 = 24 = 2*12 = 3*8 = 4*6.
+    ok = load_config(None, ["scaling.max_workers=4", "train.global_batch_size=24", "train.micro_batch_size=2",
+                            "rl.prompts_per_step=8", "rl.group_size=3", "rl.micro_batch_size=2"], job="grpo")
+    assert ok.rl.prompts_per_step * ok.rl.group_size == 24
+    # minibatches split the step first: 24 / 2 = 12 per optimizer step -> 6, 4, 3 per worker
+    with pytest.raises(ConfigError, match=r"^rl\.prompts_per_step: .* over 4 workers"):
+        load_config(None, ["scaling.max_workers=4", "train.global_batch_size=24", "train.micro_batch_size=2",
+                           "rl.prompts_per_step=8", "rl.group_size=3", "rl.micro_batch_size=2",
+                           "rl.minibatches_per_update=2"], job="grpo")

@@ -1,9 +1,11 @@
 """FSDP2 over gloo with 2 Ray Train workers matches one unsharded process, step by step.
 
-Both train the same model from the same init on the same fixed global batches; the 2-worker
-run splits every global batch in two and accumulates over micro-batches. Tolerance: fp32
-params, losses within 1e-5 relative and parameters within 1e-4 absolute after 4 AdamW
-steps: only the order of floating-point reductions differs (reduce-scatter vs local sum).
+The workers build the model the way the trainer does (meta device, FSDP2, then each rank
+materialises its own shards): its initial weights must equal a full host init for the same
+seed, bit for bit. Both then train on the same fixed global batches; the 2-worker run splits
+every global batch in two and accumulates over micro-batches. Tolerance: fp32 params, losses
+within 1e-5 relative and parameters within 1e-4 absolute after 4 AdamW steps: only the order
+of floating-point reductions differs (reduce-scatter vs local sum).
 """
 
 import os
@@ -13,9 +15,9 @@ import torch
 
 from elastic.config import from_dict
 from elastic.data.packing import pack_documents
-from elastic.train.loop import build_model
+from elastic.train.loop import build_model, build_sharded_model
 from elastic.train.optim import build_optimizer
-from elastic.train.step import label_tokens, train_step
+from elastic.train.step import causal_lm_loss, global_sum, label_count, split_micro, train_step
 
 CFG = {"model": {"preset": "tiny", "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 128},
        "data": {"vocab_size": 300, "seq_len": 32}, "train": {"global_batch_size": 8, "micro_batch_size": 2, "param_dtype": "fp32"},
@@ -31,41 +33,41 @@ def fixed_global_batch(step: int) -> dict:
     return {k: v[:8] for k, v in out.items()}
 
 
-def run_steps(model, world: int, rank: int) -> list:
-    import torch.distributed as dist
+def local_step(model, opt, step: int, world: int, rank: int):
+    """One training step on this rank's slice of fixed global batch `step`, as the loop runs it:
+    the normaliser is the global label count (summed over ranks)."""
+    cpu = torch.device("cpu")
+    gb = fixed_global_batch(step)
+    per = 8 // world
+    local = {k: gb[k][rank * per:(rank + 1) * per] for k in ("tokens", "positions", "doc_ids", "labels")}
+    norm = global_sum([label_count(local)], cpu)[0]
+    assert norm == label_count(gb)
+    out = train_step(model, opt, split_micro(local, 2), causal_lm_loss, norm, 1.0, cpu)
+    return out.stats["loss_sum"] / norm
 
+
+def run_steps(model, world: int, rank: int) -> list:
     opt = build_optimizer(model, 1e-2, 0.1, (0.9, 0.95), fused=False)
-    losses = []
-    for s in range(STEPS):
-        gb = fixed_global_batch(s)
-        per = 8 // world
-        local = {k: gb[k][rank * per:(rank + 1) * per] for k in ("tokens", "positions", "doc_ids")}
-        out = train_step(model, opt, local, label_tokens(gb), 2, world, 1.0, torch.device("cpu"), "sdpa_mask")
-        loss = out["loss_sum"].clone()
-        if world > 1:
-            dist.all_reduce(loss)
-        losses.append(float(loss) / label_tokens(gb))
-    return losses
+    return [local_step(model, opt, s, world, rank) for s in range(STEPS)]
 
 
 def fsdp_worker(config):
     import ray.train
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    from elastic.train.parallelize import parallelize
-
     torch.set_num_threads(1)
     ctx = ray.train.get_context()
     cfg = from_dict(CFG)
-    model, _, _ = build_model(cfg, torch.device("cpu"))
-    model = parallelize(model, torch.device("cpu"), torch.float32)
+    model, _, _ = build_sharded_model(cfg, torch.device("cpu"), torch.float32)
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    init = get_model_state_dict(model, options=opts)
     losses = run_steps(model, ctx.get_world_size(), ctx.get_world_rank())
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full = get_model_state_dict(model, options=opts)
     if ctx.get_world_rank() == 0:
-        torch.save({"losses": losses, "params": full}, config["out"])
+        torch.save({"losses": losses, "params": full, "init": init}, config["out"])
 
 
-def test_fsdp_two_workers_match_single_process(ray_local, tmp_path):
+def test_fsdp_two_workers_match_single_process_and_meta_init_matches_host_init(ray_local, tmp_path):
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -78,6 +80,10 @@ def test_fsdp_two_workers_match_single_process(ray_local, tmp_path):
 
     cfg = from_dict(CFG)
     model, _, _ = build_model(cfg, torch.device("cpu"))
+    host_init = model.state_dict()
+    assert sharded["init"].keys() == host_init.keys()
+    for k, v in sharded["init"].items():  # meta-device init at world size 2 == host init, bit for bit
+        assert torch.equal(v, host_init[k]), k
     ref_losses = run_steps(model, 1, 0)
     np.testing.assert_allclose(sharded["losses"], ref_losses, rtol=1e-5)
     assert ref_losses[-1] < ref_losses[0]  # it actually trained

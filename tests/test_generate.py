@@ -149,6 +149,19 @@ def test_stop_tokens_end_rows_and_other_rows_continue(models):
     assert got[0].finish_reason == "stop" and len(got[0].tokens) <= 5
 
 
+def test_on_finish_streams_each_completion_once_as_it_ends(models):
+    _, ours = models["llama"]
+    free = generate(ours, PROMPTS, 30, temperature=1.0, seed=[1, 2, 3, 4])
+    stop = free[2].tokens[3]
+    calls = []
+    got = generate(ours, PROMPTS, 30, temperature=1.0, seed=[1, 2, 3, 4], stop_token_ids=[stop],
+                   on_finish=lambda i, c: calls.append((i, len(c.tokens), c.finish_reason)))
+    assert sorted(i for i, _, _ in calls) == [0, 1, 2, 3]
+    assert [n for _, n, _ in calls] == sorted(n for _, n, _ in calls)  # in the order rows ended
+    assert all(n == len(got[i].tokens) and r == got[i].finish_reason for i, n, r in calls)
+    assert calls[0][2] == "stop" and calls[0][1] < 30
+
+
 def test_sampling_filters(models):
     _, ours = models["qwen2"]
     greedy = generate(ours, PROMPTS, 12)

@@ -20,10 +20,28 @@ def test_pack_roundtrip_across_sample_boundaries():
     assert unpack_tokens(out["tokens"], out["doc_ids"]) == flat  # order too, not only multiset
     assert out["tokens"].shape[1] == 16 and int(out["n_real"].sum()) == len(flat)
     assert out["positions"].max() < 16
-    labels = labels_for(out["tokens"], out["doc_ids"])
-    # No target crosses a document boundary or points into padding.
+    labels = out["labels"]  # packing emits the targets
+    assert (labels == labels_for(out["tokens"], out["doc_ids"])).all()
+    # No target crosses a document boundary or points into padding; the last column has none.
     same_doc = (out["doc_ids"][:, 1:] == out["doc_ids"][:, :-1]) & (out["doc_ids"][:, 1:] >= 0)
-    assert ((labels[:, :-1] != -100) == same_doc).all()
+    assert ((labels[:, :-1] != -100) == same_doc).all() and (labels[:, -1] == -100).all()
+    # Where there is a target it is the next token.
+    has = labels[:, :-1] != -100
+    assert (labels[:, :-1][has] == out["tokens"][:, 1:][has]).all()
+
+
+def test_pack_target_masks_learn_only_marked_tokens():
+    """SFT: only tokens flagged in the target mask (and the EOS after a learned last token) are
+    targets; a prompt token is never a target, even at a document start."""
+    prompt, completion = [5, 6, 7], [8, 9]
+    docs = [prompt + completion, [3, 4]]
+    masks = [[False] * 3 + [True] * 2, [False, False]]
+    out = pack_documents(docs, seq_len=16, eos_id=0, pad_id=1, target_masks=masks)
+    row_tokens, row_labels = out["tokens"][0].tolist(), out["labels"][0].tolist()
+    assert row_tokens[:10] == [5, 6, 7, 8, 9, 0, 3, 4, 0, 1]
+    # Targets: position i predicts token i+1. Learned tokens: 8, 9 and the EOS after 9.
+    assert row_labels[:9] == [-100, -100, 8, 9, 0, -100, -100, -100, -100]
+    assert sum(lab != -100 for lab in row_labels) == 3
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,9 @@ import torch
 
 from elastic.config import from_dict
 from elastic.train import checkpoint as ckpt_lib
-from elastic.train.loop import build_model
+from elastic.train.loop import build_sharded_model
 from elastic.train.optim import build_optimizer
-from tests.test_fsdp_equivalence import CFG, fixed_global_batch
+from tests.test_fsdp_equivalence import CFG, local_step
 
 STEPS = 2
 
@@ -30,21 +30,14 @@ def reshard_worker(config):
     import ray.train
     import torch.distributed as dist
 
-    from elastic.train.parallelize import parallelize
-    from elastic.train.step import label_tokens, train_step
-
     torch.set_num_threads(1)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    model, _, _ = build_model(from_dict(CFG), torch.device("cpu"))
-    model = parallelize(model, torch.device("cpu"), torch.float32)
+    model, _, _ = build_sharded_model(from_dict(CFG), torch.device("cpu"), torch.float32)
     opt = build_optimizer(model, 1e-2, 0.1, (0.9, 0.95), fused=False)
     if config["mode"] == "save":
         for s in range(STEPS):
-            gb = fixed_global_batch(s)
-            per = 8 // world
-            local = {k: gb[k][rank * per:(rank + 1) * per] for k in ("tokens", "positions", "doc_ids")}
-            train_step(model, opt, local, label_tokens(gb), 2, world, 1.0, torch.device("cpu"), "sdpa_mask")
+            local_step(model, opt, s, world, rank)
         d = ckpt_lib.save_local(model, opt, {"step": STEPS, "world_size": world})
         # What Ray Train's report does: every rank's files land in one storage directory.
         for f in glob.glob(os.path.join(d, "*")) + glob.glob(os.path.join(d, ".metadata")):

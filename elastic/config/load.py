@@ -25,8 +25,21 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+class _Override:
+    """A `--set` value: its YAML reading, and its text for string fields (YAML 1.1 would turn
+    `5:6` into 306 and `no` into False; a string field wants what the user typed)."""
+
+    def __init__(self, text: str):
+        self.text = text
+        self.value = _parse_scalar(text)
+
+
 def _coerce(key: str, value: Any, tp: Any) -> Any:
     """Check (and gently coerce) `value` against the annotated type `tp`."""
+    if isinstance(value, _Override):
+        wants_str = tp is str or (typing.get_origin(tp) is typing.Union and str in typing.get_args(tp))
+        # A string field takes YAML's reading when it is a string ('' or "a b"), else the text.
+        value = value.text if wants_str and not isinstance(value.value, str) else value.value
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin is typing.Union:  # Optional[X]
@@ -75,6 +88,8 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
             known = ", ".join(sorted(fields))
             raise ConfigError(f"{key}: unknown key (known: {known})")
         tp = hints[k]
+        if isinstance(v, _Override) and dataclasses.is_dataclass(tp):
+            v = v.value
         if dataclasses.is_dataclass(tp):
             if not isinstance(v, Mapping):
                 raise ConfigError(f"{key}: expected a section (mapping), got {v!r}")
@@ -104,19 +119,22 @@ def apply_overrides(raw: Dict[str, Any], overrides: Iterable[str]) -> Dict[str, 
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"{key}: {p} is not a section")
-        node[parts[-1]] = _parse_scalar(text)
+        node[parts[-1]] = _Override(text)
     return raw
 
 
-def from_dict(raw: Optional[Mapping[str, Any]]) -> Config:
-    """Build and validate a Config from a nested mapping."""
+def from_dict(raw: Optional[Mapping[str, Any]], job: str = "pretrain") -> Config:
+    """Build and validate a Config from a nested mapping (`job`: see :func:`validate`)."""
     cfg = _build(Config, raw or {}, "")
-    validate(cfg)
+    validate(cfg, job)
     return cfg
 
 
-def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Config:
-    """Read YAML at `path` (optional), apply overrides, validate; ConfigError on any problem."""
+def load_config(path: Optional[str] = None, overrides: Iterable[str] = (), job: str = "pretrain") -> Config:
+    """Read YAML at `path` (optional), apply overrides, validate; ConfigError on any problem.
+
+    `job` names the entry point; checks that only matter to one job (the GRPO batch split over
+    world sizes) run only for it (see :func:`validate`)."""
     raw: Dict[str, Any] = {}
     if path:
         p = Path(path)
@@ -131,7 +149,7 @@ def load_config(path: Optional[str] = None, overrides: Iterable[str] = ()) -> Co
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {path}: top level must be a mapping of sections")
     apply_overrides(raw, overrides)
-    return from_dict(raw)
+    return from_dict(raw, job)
 
 
 def to_dict(cfg: Config) -> Dict[str, Any]:
@@ -144,10 +162,20 @@ def _check(cond: bool, key: str, msg: str) -> None:
 
 
 ATTENTION_BACKENDS = ("auto", "flash_varlen", "torch_varlen", "flex", "sdpa_mask", "sdpa_loop")
+# Names of the elastic/rl registries (ADV_NORMS, KL_ESTIMATORS, LOSS_AGGS); config imports
+# nothing, so they are repeated here and tests/test_rl_math.py checks the two agree.
+RL_ADV_NORMS = ("group_std", "none")
+RL_KL_ESTIMATORS = ("k1", "k2", "k3")
+RL_LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 
-def validate(cfg: Config) -> None:
-    """Cross-field checks that make a run impossible; one line naming the key."""
+def validate(cfg: Config, job: str = "pretrain") -> None:
+    """Cross-field checks that make a run impossible; one line naming the key.
+
+    Every field of every section is checked for every job (a bad value is a typo wherever it
+    is). Checks that tie a section to the world sizes run only for the job that uses it:
+    `job="grpo"` adds the split of the rollout batch over scaling.min_workers..max_workers, so a
+    pretraining run is never refused over an rl batch it does not train on."""
     from elastic.config.presets import PRESETS
 
     d, m, t, s, c = cfg.data, cfg.model, cfg.train, cfg.scaling, cfg.checkpoint
@@ -180,6 +208,11 @@ def validate(cfg: Config) -> None:
     _check(t.activation_checkpointing in ("none", "full"), "train.activation_checkpointing", f"must be none|full, got {t.activation_checkpointing!r}")
     _check(0 <= t.until_step <= t.steps, "train.until_step", f"must be in [0, train.steps={t.steps}], got {t.until_step}")
     _check(t.log_every >= 1, "train.log_every", f"must be >= 1, got {t.log_every}")
+    _check(t.max_bad_steps >= 0, "train.max_bad_steps", f"must be >= 0 (0 = never stop), got {t.max_bad_steps}")
+    _check(t.spike_z > 0, "train.spike_z", f"must be > 0, got {t.spike_z}")
+    _check(t.comm_sample_every >= 0, "train.comm_sample_every", f"must be >= 0 (0 = never), got {t.comm_sample_every}")
+    _check(_valid_step_range(t.profile_steps), "train.profile_steps",
+           f"must be empty or 'a:b' with 1 <= a <= b (1-based steps), got {t.profile_steps!r}")
     _check(s.min_workers >= 1, "scaling.min_workers", f"must be >= 1, got {s.min_workers}")
     _check(s.max_workers >= s.min_workers, "scaling.max_workers", f"must be >= scaling.min_workers={s.min_workers}, got {s.max_workers}")
     _check(s.use_gpu in ("auto", "true", "false"), "scaling.use_gpu", f"must be auto|true|false, got {s.use_gpu!r}")
@@ -187,6 +220,7 @@ def validate(cfg: Config) -> None:
     _check(s.max_failures >= -1, "scaling.max_failures", f"must be >= -1 (-1 = unlimited), got {s.max_failures}")
     _check(s.worker_group_start_timeout_s > 0, "scaling.worker_group_start_timeout_s", "must be > 0")
     _check(s.elastic_resize_monitor_interval_s > 0, "scaling.elastic_resize_monitor_interval_s", "must be > 0")
+    _check(s.resource_wait_s >= 0, "scaling.resource_wait_s", f"must be >= 0, got {s.resource_wait_s}")
     # Every world size the run may take must split the global batch into whole micro-batches.
     for w in range(s.min_workers, s.max_workers + 1):
         per = t.global_batch_size / w
@@ -197,6 +231,14 @@ def validate(cfg: Config) -> None:
             f"{t.micro_batch_size} (per worker: {per:g}); every world size in scaling.min_workers.."
             f"scaling.max_workers={s.min_workers}..{s.max_workers} must divide it",
         )
+    sft, ev = cfg.sft, cfg.eval
+    _check(sft.template in ("auto", "builtin"), "sft.template", f"must be auto|builtin, got {sft.template!r}")
+    _check(sft.overlong in ("truncate", "skip"), "sft.overlong", f"must be truncate|skip, got {sft.overlong!r}")
+    for k in ("prompt_field", "completion_field", "messages_field"):
+        _check(bool(getattr(sft, k)), f"sft.{k}", "must be a non-empty field name")
+    _check(ev.every_steps >= 0, "eval.every_steps", f"must be >= 0 (0 = off), got {ev.every_steps}")
+    _check(ev.samples >= 1, "eval.samples", f"must be >= 1, got {ev.samples}")
+    _check(0 < ev.fraction < 1, "eval.fraction", f"must be in (0, 1), got {ev.fraction}")
     _check(c.every_steps >= 1, "checkpoint.every_steps", f"must be >= 1, got {c.every_steps}")
     _check(c.keep_last >= 1, "checkpoint.keep_last", f"must be >= 1, got {c.keep_last}")
     _check(cfg.wandb.mode in ("auto", "online", "offline", "disabled"), "wandb.mode", f"must be auto|online|offline|disabled, got {cfg.wandb.mode!r}")
@@ -214,6 +256,72 @@ def validate(cfg: Config) -> None:
     _check(r.speedup_scale > 0, "reward.speedup_scale", f"must be > 0, got {r.speedup_scale}")
     _check(r.compile_time_limit_s > 0, "reward.compile_time_limit_s", f"must be > 0, got {r.compile_time_limit_s}")
     _check(r.instructions_time_limit_s > 0, "reward.instructions_time_limit_s", f"must be > 0, got {r.instructions_time_limit_s}")
+    _validate_rl(cfg)
+    if job == "grpo":
+        _validate_rl_world_sizes(cfg)
+
+
+def _validate_rl(cfg: Config) -> None:
+    """The rl section on its own (elastic/rl); the world-size split is :func:`_validate_rl_world_sizes`."""
+    rl = cfg.rl
+    _check(bool(rl.problems), "rl.problems", "must name a problem directory")
+    for i, h in enumerate(rl.heldout):
+        _check(bool(h) and "/" not in h and h not in (".", ".."), f"rl.heldout[{i}]", f"must be a problem id (a directory name), got {h!r}")
+    dup = sorted({h for h in rl.heldout if rl.heldout.count(h) > 1})
+    _check(not dup, "rl.heldout", f"lists {', '.join(dup)} more than once")
+    _check(rl.eval_every >= 0, "rl.eval_every", f"must be >= 0 (0 = off), got {rl.eval_every}")
+    _check(rl.eval_every == 0 or bool(rl.heldout), "rl.eval_every",
+           f"held-out evaluation every {rl.eval_every} steps needs problems in rl.heldout (empty); set rl.eval_every=0 or hold some out")
+    _check(rl.group_size >= 2, "rl.group_size", f"must be >= 2 (a group is its own baseline), got {rl.group_size}")
+    _check(rl.prompts_per_step >= 1, "rl.prompts_per_step", f"must be >= 1, got {rl.prompts_per_step}")
+    _check(rl.max_new_tokens >= 1, "rl.max_new_tokens", f"must be >= 1, got {rl.max_new_tokens}")
+    _check(rl.temperature > 0, "rl.temperature", f"must be > 0 for training rollouts (evaluation is greedy anyway), got {rl.temperature}")
+    _check(0 < rl.top_p <= 1, "rl.top_p", f"must be in (0, 1], got {rl.top_p}")
+    _check(rl.top_k >= 0, "rl.top_k", f"must be >= 0 (0 = off), got {rl.top_k}")
+    _check(0 < rl.clip_low < 1, "rl.clip_low", f"must be in (0, 1) (the ratio is clipped below at 1 - clip_low), got {rl.clip_low}")
+    _check(rl.clip_high > 0, "rl.clip_high", f"must be > 0, got {rl.clip_high}")
+    _check(rl.kl_coef >= 0, "rl.kl_coef", f"must be >= 0 (0 = no KL term), got {rl.kl_coef}")
+    _check(rl.kl_estimator in RL_KL_ESTIMATORS, "rl.kl_estimator", f"must be one of {'|'.join(RL_KL_ESTIMATORS)}, got {rl.kl_estimator!r}")
+    _check(rl.loss_agg in RL_LOSS_AGGS, "rl.loss_agg", f"must be one of {'|'.join(RL_LOSS_AGGS)}, got {rl.loss_agg!r}")
+    _check(rl.adv_norm in RL_ADV_NORMS, "rl.adv_norm", f"must be one of {'|'.join(RL_ADV_NORMS)}, got {rl.adv_norm!r}")
+    _check(rl.updates_per_rollout >= 1, "rl.updates_per_rollout", f"must be >= 1, got {rl.updates_per_rollout}")
+    _check(rl.minibatches_per_update >= 1, "rl.minibatches_per_update", f"must be >= 1, got {rl.minibatches_per_update}")
+    _check(rl.micro_batch_size >= 1, "rl.micro_batch_size", f"must be >= 1, got {rl.micro_batch_size}")
+    _check(rl.overlong_penalty >= 0, "rl.overlong_penalty", f"must be >= 0 (a magnitude; 0 = off), got {rl.overlong_penalty}")
+    _check(rl.truncation_penalty >= 0, "rl.truncation_penalty", f"must be >= 0 (a magnitude; 0 = off), got {rl.truncation_penalty}")
+    _check(rl.overlong_buffer >= 0, "rl.overlong_buffer", f"must be >= 0, got {rl.overlong_buffer}")
+    if rl.overlong_penalty > 0:  # the buffer only matters when the soft penalty is on
+        _check(1 <= rl.overlong_buffer <= rl.max_new_tokens, "rl.overlong_buffer",
+               f"must be in [1, rl.max_new_tokens={rl.max_new_tokens}] when rl.overlong_penalty={rl.overlong_penalty} "
+               f"(the penalty ramps over the last overlong_buffer tokens), got {rl.overlong_buffer}")
+
+
+def _validate_rl_world_sizes(cfg: Config) -> None:
+    """Every world size the run may take must split each optimizer step's completions evenly
+    into whole micro-batches (the rl analogue of train.global_batch_size's check)."""
+    rl, s = cfg.rl, cfg.scaling
+    n = rl.prompts_per_step * rl.group_size
+    _check(n % rl.minibatches_per_update == 0, "rl.minibatches_per_update",
+           f"{rl.prompts_per_step} prompts x {rl.group_size} samples = {n} completions cannot be split into "
+           f"{rl.minibatches_per_update} equal minibatches")
+    per_step = n // rl.minibatches_per_update
+    for w in range(s.min_workers, s.max_workers + 1):
+        _check(per_step % w == 0 and (per_step // w) % rl.micro_batch_size == 0, "rl.prompts_per_step",
+               f"{rl.prompts_per_step} prompts x {rl.group_size} samples / {rl.minibatches_per_update} minibatch(es) = "
+               f"{per_step} completions per optimizer step cannot be split over {w} workers into micro-batches of "
+               f"{rl.micro_batch_size} (per worker: {per_step / w:g}); every world size in scaling.min_workers.."
+               f"scaling.max_workers={s.min_workers}..{s.max_workers} must divide it")
+
+
+def _valid_step_range(spec: str) -> bool:
+    if not spec:
+        return True
+    a, _, b = spec.partition(":")
+    try:
+        lo, hi = int(a), int(b or a)
+    except ValueError:
+        return False
+    return 1 <= lo <= hi
 
 
 def resolved_model_dims(cfg: Config) -> Dict[str, Any]:

@@ -26,8 +26,10 @@ class RunSection:
 class DataSection:
     """Raw text → tokens → packed fixed-length samples (see elastic/data)."""
 
-    # "stdlib" (the running interpreter's standard library sources, no download) or a path /
-    # glob / pyarrow filesystem URI of text files, JSONL files or Parquet files.
+    # "stdlib" (the running interpreter's standard library sources, no download), "code-opt"
+    # (SFT: instruction rows built from rl.problems minus rl.heldout; the held-out problems'
+    # rows are the validation set), or a path / glob / pyarrow filesystem URI of text files,
+    # JSONL files or Parquet files.
     source: str = "stdlib"
     # auto | text | jsonl | parquet. auto infers from file extensions.
     format: str = "auto"
@@ -100,6 +102,17 @@ class TrainSection:
     # none | full: activation checkpointing per transformer block.
     activation_checkpointing: str = "none"
     log_every: int = 10
+    # Stability guard: a step whose loss or gradient norm is not finite is skipped (not applied);
+    # this many consecutive bad steps stop the run cleanly (0 = never stop). A loss more than
+    # `spike_z` standard deviations above the recent mean is flagged in events.jsonl.
+    max_bad_steps: int = 5
+    spike_z: float = 6.0
+    # Measure exposed communication (profiler) on every N-th step (0 = never); see
+    # elastic/train/profiling.py. Profiling costs ~10% of the step it samples.
+    comm_sample_every: int = 25
+    # "a:b": write a PyTorch profiler trace (Chrome/Perfetto JSON) of rank 0 for steps a..b into
+    # <run dir>/profile/. Empty: no trace.
+    profile_steps: str = ""
     # Stop this invocation after this step (0 = run to train.steps), checkpointing there; the
     # same run launched again resumes from it. For time-sliced clusters, tests and drills.
     until_step: int = 0
@@ -124,6 +137,39 @@ class ScalingSection:
     # Kubernetes; short on fixed machines.
     worker_group_start_timeout_s: float = 60.0
     max_failures: int = 3
+    # Before training starts, how long the driver waits for the cluster to hold min_workers
+    # workers plus one data task at once, then stops with one line naming what is missing.
+    # Give an autoscaling cluster time to add nodes; 0 checks once.
+    resource_wait_s: float = 60.0
+
+
+@dataclass
+class SFTSection:
+    """Supervised fine-tuning data (jobs/sft.py): rows are conversations; only assistant tokens
+    carry loss. See elastic/data/chat.py for the rendering."""
+
+    prompt_field: str = "prompt"
+    completion_field: str = "completion"
+    messages_field: str = "messages"
+    # auto: the tokenizer's own chat_template (tokenizer_config.json) when it has one, else the
+    # built-in template; builtin: always the built-in one.
+    template: str = "auto"
+    # A conversation longer than data.seq_len: truncate (the cut answer's end is not learned) or
+    # skip. Both are counted with the bad rows.
+    overlong: str = "truncate"
+
+
+@dataclass
+class EvalSection:
+    """Held-out loss and perplexity (`val_loss`, `val_ppl` in metrics.jsonl), every N steps."""
+
+    every_steps: int = 0  # 0 = off
+    # Size of the fixed held-out set (packed samples), evaluated in full each time.
+    samples: int = 32
+    # Held-out data, same forms as data.source; empty: hold out `fraction` of the planned
+    # shards of data.source (never trained on), or the held-out problems for data.source=code-opt.
+    source: str = ""
+    fraction: float = 0.02
 
 
 @dataclass
@@ -171,15 +217,76 @@ class RewardSection:
 
 
 @dataclass
+class RLSection:
+    """GRPO (elastic/rl): rollouts, rewards, the clipped objective and its variants.
+
+    One GRPO step samples `group_size` completions for each of `prompts_per_step` prompts, scores
+    them, and trains on them for `updates_per_rollout` passes of `minibatches_per_update`
+    optimizer steps each. Sampling seeds derive from `run.seed` (elastic/rl/seeds.py).
+    """
+
+    # Problem directory (datasets/README.md format); relative paths resolve against the
+    # current directory.
+    problems: str = "datasets/code-opt"
+    # Problem ids held out from training and used for evaluation: named explicitly (not drawn
+    # from a seed) so the split is visible and the same for every run. Default: one problem of
+    # each kind of datasets/code-opt (algorithmic, memory_layout, repeated_work, io_buffering,
+    # data_structure). Use [] for a problem set without these ids.
+    heldout: List[str] = field(default_factory=lambda: [
+        "longest-increasing-subsequence", "column-hashes", "polynomial-eval-modpow",
+        "prefix-sums-iostream", "min-queue-operations"])
+    # Greedy evaluation on the held-out problems every N steps (0 = off).
+    eval_every: int = 10
+    group_size: int = 4
+    prompts_per_step: int = 4
+    max_new_tokens: int = 256
+    # Sampling for training rollouts (evaluation is greedy).
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    # Clipped objective: ratio clipped to [1 - clip_low, 1 + clip_high] (clip_high > clip_low is
+    # DAPO's clip-higher).
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    # KL to the initial (reference) model, as a loss term; 0 = off (no reference model kept).
+    kl_coef: float = 0.0
+    # k1 | k2 | k3 (Schulman's estimators; k3 is GRPO's; see elastic/rl/kl.py for their gradients).
+    kl_estimator: str = "k3"
+    # token_mean (DAPO) | seq_mean_token_mean (original GRPO) | seq_mean_token_sum_norm (Dr. GRPO).
+    # Normalisers count the whole optimizer step, so the split over workers never matters.
+    loss_agg: str = "token_mean"
+    # group_std: (r - mean) / (std + eps) per group (GRPO); none: r - mean (Dr. GRPO).
+    adv_norm: str = "group_std"
+    # Drop groups whose rewards are all equal (zero advantage) from the step; their fraction is
+    # reported. Saves the backward pass on groups that carry no policy gradient.
+    filter_zero_variance: bool = True
+    # PPO-style passes over one rollout batch, each split into this many optimizer steps.
+    updates_per_rollout: int = 1
+    minibatches_per_update: int = 1
+    # Completions per forward/backward on one worker (gradient accumulation inside a minibatch).
+    micro_batch_size: int = 4
+    # DAPO-style length shaping (elastic/rl/overlong.py), added to the reward: a penalty rising
+    # linearly from 0 to `overlong_penalty` over the last `overlong_buffer` tokens before
+    # max_new_tokens, plus `truncation_penalty` for a completion cut at max_new_tokens without
+    # stopping. Both 0 = off.
+    overlong_penalty: float = 0.0
+    overlong_buffer: int = 64
+    truncation_penalty: float = 0.0
+
+
+@dataclass
 class Config:
     run: RunSection = field(default_factory=RunSection)
     data: DataSection = field(default_factory=DataSection)
     model: ModelSection = field(default_factory=ModelSection)
     train: TrainSection = field(default_factory=TrainSection)
     scaling: ScalingSection = field(default_factory=ScalingSection)
+    sft: SFTSection = field(default_factory=SFTSection)
+    eval: EvalSection = field(default_factory=EvalSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     wandb: WandbSection = field(default_factory=WandbSection)
     reward: RewardSection = field(default_factory=RewardSection)
+    rl: RLSection = field(default_factory=RLSection)
 
 
 SECTIONS: List[str] = list(Config.__dataclass_fields__)

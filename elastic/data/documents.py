@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
+from elastic.data.chat import ChatFormat, RowError, row_messages
 from elastic.data.shards import Piece, Shard
 from elastic.data.sources import filesystem_for
 
-BAD_KINDS = ("bad_json", "invalid_utf8", "missing_field", "empty_text")
+BAD_KINDS = ("bad_json", "invalid_utf8", "missing_field", "empty_text", "bad_conversation", "too_long", "truncated")
 
 
 @dataclass
@@ -83,7 +84,16 @@ def _read_text(p: Piece, bad: BadRows) -> Iterator[str]:
         yield text
 
 
-def _read_jsonl(p: Piece, field_name: str, bad: BadRows) -> Iterator[str]:
+def _conversation(obj, where: str, chat: ChatFormat, bad: BadRows):
+    """SFT rows: the row's messages as one JSON string (what the tokenize stage renders)."""
+    try:
+        return json.dumps(row_messages(obj, chat))
+    except RowError as e:
+        bad.add("bad_conversation", f"{where} ({e})")
+        return None
+
+
+def _read_jsonl(p: Piece, field_name: str, bad: BadRows, chat: Optional[ChatFormat] = None) -> Iterator[str]:
     """Lines whose first byte lies in [start, end): every line belongs to exactly one piece."""
     fs, path = filesystem_for(p.uri)
     with fs.open_input_file(path) as f:
@@ -116,7 +126,10 @@ def _read_jsonl(p: Piece, field_name: str, bad: BadRows) -> Iterator[str]:
             except json.JSONDecodeError as e:
                 bad.add("bad_json", f"{where} ({e.msg})")
                 continue
-            text = _row_text(obj.get(field_name) if isinstance(obj, dict) else None, where, field_name, bad)
+            if chat is not None:
+                text = _conversation(obj, where, chat, bad)
+            else:
+                text = _row_text(obj.get(field_name) if isinstance(obj, dict) else None, where, field_name, bad)
             if text is not None:
                 yield text
 
@@ -141,11 +154,21 @@ def _readline(f) -> bytes:
         out += c
 
 
-def _read_parquet(p: Piece, field_name: str, bad: BadRows) -> Iterator[str]:
+def _read_parquet(p: Piece, field_name: str, bad: BadRows, chat: Optional[ChatFormat] = None) -> Iterator[str]:
     import pyarrow.parquet as pq
 
     fs, path = filesystem_for(p.uri)
     pf = pq.ParquetFile(fs.open_input_file(path))
+    if chat is not None:
+        cols = [c for c in (chat.messages_field, chat.prompt_field, chat.completion_field) if c in pf.schema_arrow.names]
+        row = sum(pf.metadata.row_group(i).num_rows for i in range(p.start))
+        for rg in range(p.start, p.end):
+            for obj in pf.read_row_group(rg, columns=cols).to_pylist():
+                text = _conversation(obj, f"{p.uri}:row{row}", chat, bad)
+                row += 1
+                if text is not None:
+                    yield text
+        return
     if field_name not in pf.schema_arrow.names:
         bad.add("missing_field", f"{p.uri} (no column {field_name!r})")
         return
@@ -160,17 +183,19 @@ def _read_parquet(p: Piece, field_name: str, bad: BadRows) -> Iterator[str]:
                 yield text
 
 
-def read_shard(shard: Shard, text_field: str, keep_examples: int = 5) -> Tuple[List[str], BadRows]:
-    """All good documents of a shard in order, and the bad rows met on the way."""
+def read_shard(shard: Shard, text_field: str, keep_examples: int = 5,
+               chat: Optional[ChatFormat] = None) -> Tuple[List[str], BadRows]:
+    """All good documents of a shard in order, and the bad rows met on the way. With `chat`
+    (SFT), a document is a conversation (JSON list of messages) from a JSONL/Parquet row."""
     bad = BadRows(keep=keep_examples)
     docs: List[str] = []
     for p in shard.pieces:
         if p.format == "text":
             docs.extend(_read_text(p, bad))
         elif p.format == "jsonl":
-            docs.extend(_read_jsonl(p, text_field, bad))
+            docs.extend(_read_jsonl(p, text_field, bad, chat))
         elif p.format == "parquet":
-            docs.extend(_read_parquet(p, text_field, bad))
+            docs.extend(_read_parquet(p, text_field, bad, chat))
         else:
             raise ValueError(f"{p.uri}: unknown format {p.format!r}")
     return docs, bad

@@ -11,6 +11,7 @@ a worker, continuing into a fresh dataset if the stream runs out.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -20,6 +21,7 @@ from typing import Callable, Dict, Iterator, List, Optional
 import numpy as np
 import pyarrow as pa
 
+from elastic.data.chat import ChatFormat, plain_text, render_segments, tokenize_segments
 from elastic.data.cursor import Cursor, sample_id, sample_order, shard_order
 from elastic.data.documents import BadRows, read_shard
 from elastic.data.packing import pack_documents
@@ -29,7 +31,7 @@ from elastic.data.tokenizer import TokenizerInfo, from_json, load_or_train
 
 log = logging.getLogger(__name__)
 
-SAMPLE_COLUMNS = ("tokens", "positions", "doc_ids", "n_real", "sample_id", "epoch", "shard_pos", "offset", "shard_samples", "bad_rows")
+SAMPLE_COLUMNS = ("tokens", "positions", "doc_ids", "labels", "n_real", "sample_id", "epoch", "shard_pos", "offset", "shard_samples", "bad_rows")
 
 
 @dataclass
@@ -46,6 +48,10 @@ class DataPlan:
     report_bad_rows: int = 5
     corpus_bytes: int = 0
     files: int = 0
+    # SFT: rows are conversations rendered with this format; loss on assistant tokens only;
+    # examples are never split across samples; one longer than seq_len is truncated or skipped.
+    chat: Optional[ChatFormat] = None
+    overlong: str = "truncate"
 
     @property
     def num_shards(self) -> int:
@@ -55,7 +61,8 @@ class DataPlan:
         return self.corpus_bytes / max(self.tokenizer.bytes_per_token, 1e-3) / self.seq_len
 
 
-def _tokenizer_sample(files: List[SourceFile], shards: List[Shard], text_field: str, sample_bytes: int) -> List[str]:
+def _tokenizer_sample(files: List[SourceFile], shards: List[Shard], text_field: str, sample_bytes: int,
+                      chat: Optional[ChatFormat] = None) -> List[str]:
     """Documents from evenly spaced shards, up to `sample_bytes` (deterministic)."""
     out: List[str] = []
     acc = 0
@@ -63,8 +70,10 @@ def _tokenizer_sample(files: List[SourceFile], shards: List[Shard], text_field: 
         return out
     step = max(1, len(shards) // max(1, int(sample_bytes / max(1, shards[0].size)) or 1))
     for s in shards[::step]:
-        docs, _ = read_shard(s, text_field)
+        docs, _ = read_shard(s, text_field, chat=chat)
         for d in docs:
+            if chat is not None:
+                d = plain_text(json.loads(d))
             out.append(d)
             acc += len(d)
             if acc >= sample_bytes:
@@ -74,26 +83,36 @@ def _tokenizer_sample(files: List[SourceFile], shards: List[Shard], text_field: 
 
 def prepare_data_plan(source: str, glob: str, fmt: str, text_field: str, tokenizer: str, vocab_size: int,
                       tokenizer_sample_mb: float, seq_len: int, shard_mb: float, seed: int, shuffle: bool,
-                      tokenizer_save_path: str = "", tokenize_cpus: float = 1.0, report_bad_rows: int = 5) -> DataPlan:
-    """Driver-side planning; raises DataError (one line) for missing or unreadable input."""
+                      tokenizer_save_path: str = "", tokenize_cpus: float = 1.0, report_bad_rows: int = 5,
+                      chat: Optional[ChatFormat] = None, overlong: str = "truncate") -> DataPlan:
+    """Driver-side planning; raises DataError (one line) for missing or unreadable input.
+    With `chat` (SFT) rows are conversations; the format's template and special tokens are
+    completed from the tokenizer (its own chat_template wins over the built-in one)."""
     files = resolve_files(source, glob, fmt)
+    if chat is not None:
+        text_files = [f.uri for f in files if f.format == "text"]
+        if text_files:
+            raise DataError(f"{text_files[0]}: SFT needs JSONL or Parquet rows (prompt/completion or messages), not text files")
     shards = plan_shards(files, max(1, int(shard_mb * 2**20)), seed if shuffle else None)
-    sample = _tokenizer_sample(files, shards, text_field, int(tokenizer_sample_mb * 2**20)) if not tokenizer else []
+    sample = _tokenizer_sample(files, shards, text_field, int(tokenizer_sample_mb * 2**20), chat) if not tokenizer else []
     if not tokenizer and not sample:
         raise DataError(f"data.source {source}: no valid documents found (every row was malformed or empty)")
     tok = load_or_train(tokenizer, tokenizer_save_path, sample, vocab_size)
     if tok.vocab_size > vocab_size:
         raise DataError(f"data.vocab_size {vocab_size}: the tokenizer has {tok.vocab_size} tokens; raise data.vocab_size")
+    if chat is not None:
+        chat = dataclasses.replace(chat, chat_template=chat.chat_template or tok.chat_template,
+                                   eos_token=tok.eos_token, bos_token=tok.bos_token)
     return DataPlan(shards=shards, tokenizer=tok, seq_len=seq_len, text_field=text_field, seed=seed, shuffle=shuffle,
                     tokenize_cpus=tokenize_cpus, report_bad_rows=report_bad_rows,
-                    corpus_bytes=sum(f.size for f in files), files=len(files))
+                    corpus_bytes=sum(f.size for f in files), files=len(files), chat=chat, overlong=overlong)
 
 
 # ---------------------------------------------------------------- Ray Data stages
 
 
 def _read_documents(plan: DataPlan, shard: Shard, epoch: int, shard_pos: int, skip: int) -> pa.Table:
-    docs, bad = read_shard(shard, plan.text_field, plan.report_bad_rows)
+    docs, bad = read_shard(shard, plan.text_field, plan.report_bad_rows, plan.chat)
     n = max(len(docs), 1)  # an all-bad shard still carries its bad-row record downstream
     return pa.table({
         "text": pa.array(docs if docs else [None], pa.large_string()),
@@ -117,18 +136,25 @@ def tokenize_and_pack(batch: Dict[str, np.ndarray], plan: DataPlan) -> Dict[str,
     tok = from_json(plan.tokenizer.json)
     for a, b in zip(bounds[:-1], bounds[1:]):
         texts = [t for t in batch["text"][a:b].tolist() if t is not None]
-        ids = [e.ids for e in tok.encode_batch(texts)] if texts else []
-        packed = pack_documents(ids, plan.seq_len, plan.tokenizer.eos_id, plan.tokenizer.pad_id)
-        n = len(packed["n_real"])
         skip = int(batch["skip"][a])
         bad = next((s for s in batch["bad_rows"][a:b].tolist() if s), "")
+        if plan.chat is None:
+            ids = [e.ids for e in tok.encode_batch(texts)] if texts else []
+            packed = pack_documents(ids, plan.seq_len, plan.tokenizer.eos_id, plan.tokenizer.pad_id)
+        else:
+            packed, long_rows = _tokenize_conversations(texts, plan, tok)
+            if long_rows.total and skip == 0:  # reported once per shard and epoch, like bad rows
+                merged = BadRows.from_dict(json.loads(bad)) if bad else BadRows()
+                merged.merge(long_rows)
+                bad = json.dumps(merged.to_dict())
+        n = len(packed["n_real"])
         # Consecutive samples of a shard come from the same few files: visit them in a seeded
         # order so a global batch mixes the whole shard. `offset` is the position in that
         # order (what the cursor counts); the sample id keeps the packing index (stable).
         order = sample_order(n, plan.seed, keys[a][0], int(shard_ids[a]), plan.shuffle)
         for j, off in enumerate(range(min(skip, n), n)):
             i = int(order[off])
-            for k in ("tokens", "positions", "doc_ids", "n_real"):
+            for k in ("tokens", "positions", "doc_ids", "labels", "n_real"):
                 out[k].append(packed[k][i])
             out["sample_id"].append(sample_id(int(shard_ids[a]), i))
             out["epoch"].append(keys[a][0])
@@ -139,13 +165,34 @@ def tokenize_and_pack(batch: Dict[str, np.ndarray], plan: DataPlan) -> Dict[str,
     L = plan.seq_len
     res = {}
     for k in SAMPLE_COLUMNS:
-        if k in ("tokens", "positions", "doc_ids"):
+        if k in ("tokens", "positions", "doc_ids", "labels"):
             res[k] = np.stack(out[k]).astype(np.int32) if out[k] else np.zeros((0, L), np.int32)
         elif k == "bad_rows":
             res[k] = np.array(out[k], dtype=object)
         else:
             res[k] = np.array(out[k], dtype=np.int64)
     return res
+
+
+def _tokenize_conversations(texts: List[str], plan: DataPlan, tok) -> tuple:
+    """SFT: render each conversation, tokenize its segments, fit it into seq_len (truncate or
+    skip, counted), and pack without splitting an example across samples."""
+    eos = plan.tokenizer.eos_id
+    ids_all, masks, long_rows = [], [], BadRows(keep=plan.report_bad_rows)
+    for i, t in enumerate(texts):
+        ids, mask = tokenize_segments(render_segments(json.loads(t), plan.chat), tok.encode_batch, eos)
+        if len(ids) + 1 > plan.seq_len:
+            if plan.overlong == "skip":
+                long_rows.add("too_long", f"conversation {i} of its shard ({len(ids) + 1} tokens > data.seq_len {plan.seq_len})")
+                continue
+            long_rows.add("truncated", f"conversation {i} of its shard ({len(ids) + 1} tokens > data.seq_len {plan.seq_len})")
+            # Cut to fit with its EOS; a cut answer must not teach the model to stop there.
+            ids, mask = ids[:plan.seq_len - 1], mask[:plan.seq_len - 1] + [False]
+        if not any(mask[:len(ids)]):
+            continue  # nothing left to learn (e.g. the completion was cut off entirely)
+        ids_all.append(ids)
+        masks.append(mask)
+    return pack_documents(ids_all, plan.seq_len, eos, plan.tokenizer.pad_id, masks, split_documents=False), long_rows
 
 
 def build_dataset(plan: DataPlan, cursor: Cursor, epochs: int = 1):

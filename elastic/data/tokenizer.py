@@ -8,9 +8,10 @@ filesystem needed).
 from __future__ import annotations
 
 import functools
+import json
 import os
 from dataclasses import dataclass
-from typing import Iterable, List
+from typing import Iterable, List, Optional
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -27,6 +28,30 @@ class TokenizerInfo:
     eos_id: int
     pad_id: int
     bytes_per_token: float  # measured on the training sample; sizes epoch estimates
+    eos_token: str = EOS
+    bos_token: str = ""
+    chat_template: Optional[str] = None  # Jinja source from tokenizer_config.json, if any
+
+
+def _token_text(v) -> str:
+    """tokenizer_config.json writes special tokens as strings or as {"content": ...}."""
+    if isinstance(v, dict):
+        return str(v.get("content", ""))
+    return v if isinstance(v, str) else ""
+
+
+def read_tokenizer_config(tokenizer_json: str) -> dict:
+    """The Hugging Face `tokenizer_config.json` next to a `tokenizer.json` ({} if none): where
+    the EOS/BOS/PAD tokens and the chat template are declared."""
+    path = os.path.join(os.path.dirname(os.path.abspath(tokenizer_json)), "tokenizer_config.json")
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataError(f"{path}: unreadable tokenizer config ({e})") from None
+    return cfg if isinstance(cfg, dict) else {}
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
@@ -39,21 +64,29 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     return tok
 
 
-def _info(tok: Tokenizer, sample: List[str]) -> TokenizerInfo:
-    eos = tok.token_to_id(EOS)
+def _info(tok: Tokenizer, sample: List[str], config: Optional[dict] = None) -> TokenizerInfo:
+    config = config or {}
+    eos_name = _token_text(config.get("eos_token")) or EOS
+    eos = tok.token_to_id(eos_name)
     if eos is None:
-        raise DataError(f"tokenizer has no {EOS!r} token (needed as end-of-document)")
-    pad = tok.token_to_id(PAD)
+        raise DataError(f"tokenizer has no {eos_name!r} token (needed as end-of-document)")
+    pad = tok.token_to_id(_token_text(config.get("pad_token")) or PAD)
     if pad is None:
         pad = eos  # padding is masked out of loss and attention; any id works
+    template = config.get("chat_template")
+    if isinstance(template, list):  # several named templates: the default one
+        template = next((t.get("template") for t in template if isinstance(t, dict) and t.get("name") == "default"), None)
     nbytes = sum(len(t.encode("utf-8")) for t in sample)
     ntok = sum(len(e.ids) for e in tok.encode_batch(sample)) if sample else 0
     return TokenizerInfo(json=tok.to_str(), vocab_size=tok.get_vocab_size(), eos_id=eos, pad_id=pad,
-                         bytes_per_token=(nbytes / ntok) if ntok else 4.0)
+                         bytes_per_token=(nbytes / ntok) if ntok else 4.0, eos_token=eos_name,
+                         bos_token=_token_text(config.get("bos_token")),
+                         chat_template=template if isinstance(template, str) else None)
 
 
 def load_or_train(given: str, saved_path: str, sample: List[str], vocab_size: int) -> TokenizerInfo:
     """`given` tokenizer.json if set; else the run's saved one; else train and save it."""
+    config: dict = {}
     if given:
         if not os.path.isfile(given):
             raise DataError(f"data.tokenizer {given}: no such file")
@@ -61,6 +94,7 @@ def load_or_train(given: str, saved_path: str, sample: List[str], vocab_size: in
             tok = Tokenizer.from_file(given)
         except Exception as e:
             raise DataError(f"data.tokenizer {given}: not a tokenizers JSON ({str(e).splitlines()[0]})") from None
+        config = read_tokenizer_config(given)
     elif saved_path and os.path.isfile(saved_path):
         tok = Tokenizer.from_file(saved_path)
     else:
@@ -72,7 +106,7 @@ def load_or_train(given: str, saved_path: str, sample: List[str], vocab_size: in
             tmp = saved_path + ".tmp"
             tok.save(tmp)
             os.replace(tmp, saved_path)
-    return _info(tok, sample[:64])
+    return _info(tok, sample[:64], config)
 
 
 @functools.lru_cache(maxsize=4)

@@ -2,7 +2,8 @@
 
 Inputs (all in the run's local dir): `events.jsonl` (worker-group `start` events written by
 rank 0, and the controller's `failure_decision` / `resize_decision` events) and
-`metrics.jsonl` (one record per completed step, with its wall time `time` and `step_s`).
+`metrics.jsonl` (one record per completed step, with its wall time `time` and `step_s`); a
+`checkpoint_start` event marks a step that finished training before its checkpoint write.
 
 For every start after the first:
   cause        "failure" if the controller made a failure decision since the previous start
@@ -33,7 +34,10 @@ def analyze(local_dir: str) -> Dict:
     restarts = []
     for prev, cur in zip(starts, starts[1:]):
         before = [d for d in decisions if prev["time"] <= d["time"] <= cur["time"]]
-        done_before = [r for r in steps if prev["time"] <= r["time"] <= cur["time"]]
+        # A step whose checkpoint write began had finished training, even if the crash came
+        # before its metrics record (written after the save, with checkpoint_s).
+        done_before = [r for r in steps + [e for e in events if e.get("event") == "checkpoint_start"]
+                       if prev["time"] <= r["time"] <= cur["time"]]
         last_step = max((r["step"] for r in done_before), default=prev["step"])
         failures = [d for d in before if d["event"] == "failure_decision"]
         relaunched = any(e.get("event") == "controller_state" and e.get("from") == "InitializingState"

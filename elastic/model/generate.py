@@ -18,7 +18,8 @@ log-probability of each under the model's own distribution and why it stopped:
   depends on its seed alone, not on what else is in the batch. (Logits themselves may differ
   in the last bits between batch shapes; a sample flips only on such a near-tie.)
 * **Stop tokens** end a row and are kept as its last token (finish reason `stop`);
-  otherwise the row ends after `max_new_tokens` (finish reason `length`).
+  otherwise the row ends after `max_new_tokens` (finish reason `length`). `on_finish` is
+  called for each row as it ends, so a caller can stream completions onward.
 * `use_cache=False` recomputes the full sequence every step (a reference and a benchmark
   baseline); it gives the same tokens.
 
@@ -31,7 +32,7 @@ numbers of steps, gather the parameters once around the call: elastic/train/fsdp
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Union
 
 import torch
 import torch.nn as nn
@@ -101,8 +102,12 @@ def _left_pad(seqs: List[List[int]], pad: int, device) -> tuple[torch.Tensor, to
 @torch.no_grad()
 def generate(model: nn.Module, prompts: List[List[int]], max_new_tokens: int, temperature: float = 0.0,
              top_p: float = 1.0, top_k: int = 0, stop_token_ids: Sequence[int] = (),
-             seed: Union[int, Sequence[int], None] = None, use_cache: bool = True) -> List[Completion]:
-    """Generate up to `max_new_tokens` after each prompt; see the module docstring."""
+             seed: Union[int, Sequence[int], None] = None, use_cache: bool = True,
+             on_finish: Optional[Callable[[int, Completion], None]] = None) -> List[Completion]:
+    """Generate up to `max_new_tokens` after each prompt; see the module docstring.
+
+    `on_finish(i, completion)` is called once per prompt as soon as prompt i's row finishes
+    (e.g. to stream it to a reward service while the others are still decoding)."""
     n = len(prompts)
     if temperature < 0 or not 0 < top_p <= 1 or top_k < 0 or max_new_tokens < 0:
         raise ValueError(f"generate: need temperature >= 0, 0 < top_p <= 1, top_k >= 0, max_new_tokens >= 0 "
@@ -148,6 +153,9 @@ def generate(model: nn.Module, prompts: List[List[int]], max_new_tokens: int, te
                 out[i].finish_reason = "stop"
             elif step + 1 < max_new_tokens:
                 keep.append(r)
+                continue
+            if on_finish is not None:
+                on_finish(i, out[i])
         if not keep:
             break
         if len(keep) < len(active):  # drop finished rows

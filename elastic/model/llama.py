@@ -14,7 +14,7 @@ blocks and the same forward calls, so FSDP's per-module hooks keep working.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
@@ -147,19 +147,33 @@ class Transformer(nn.Module):
         # (re)built in fp32 on the device of the tokens when first needed there.
         self.freqs_cis = rope_frequencies(a.head_dim, a.max_seq_len, a.rope_theta, device="cpu")
 
-    def init_weights(self, seed: Optional[int] = None) -> None:
-        """Deterministic init (normal 0.02, output projections scaled by depth, GPT-2 style)."""
+    def init_weights(self, seed: Optional[int] = None,
+                     assign: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = None) -> None:
+        """Deterministic init (normal 0.02, output projections scaled by depth, GPT-2 style).
+
+        Every parameter's *full* value is drawn from one generator in parameter order, so the
+        weights depend only on the seed. `assign(param, full_value)` stores it (default: copy);
+        a sharded model passes one that keeps only this rank's shard, which is how a model built
+        on the meta device gets the same weights at any world size."""
         g = torch.Generator().manual_seed(seed) if seed is not None else None
         std = 0.02
+        assign = assign or (lambda p, v: p.copy_(v))
         for name, p in self.named_parameters():
             if name.endswith(".bias"):
-                nn.init.zeros_(p)
+                full = torch.zeros(p.shape)
             elif p.dim() == 1:
-                nn.init.ones_(p)
+                full = torch.ones(p.shape)
             else:
                 s = std / (2 * self.args.n_layers) ** 0.5 if name.endswith(("wo.weight", "w2.weight")) else std
-                with torch.no_grad():
-                    p.copy_(torch.randn(p.shape, generator=g) * s)
+                full = torch.randn(p.shape, generator=g) * s
+            with torch.no_grad():
+                assign(p, full.to(p.dtype))
+
+    def init_buffers(self) -> None:
+        """Build the RoPE table on the parameters' device, e.g. after building on the meta device
+        and `to_empty` (optional: `forward` also rebuilds it where the tokens are)."""
+        dev = self.tok_embeddings.weight.device
+        self.freqs_cis = rope_frequencies(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, device=dev)
 
     def forward(self, tokens: torch.Tensor, positions: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None,
                 meta: Optional[AttentionMetadata] = None, cache: Optional[KVCache] = None,

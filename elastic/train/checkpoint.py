@@ -16,6 +16,8 @@ import os
 import re
 import shutil
 import tempfile
+import time
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -111,3 +113,72 @@ def latest_complete(run_dir: str) -> Optional[Tuple[str, Dict[str, Any]]]:
         if len(shards) >= int(state.get("world_size", 1)):
             return (f"{run_dir.rstrip('/')}/{name}", state)
     return None
+
+
+@dataclass
+class TrainState:
+    """Everything besides model and optimizer tensors that a resumed run needs, as it is
+    written to `train_state.json`. `job` holds the job's own position (e.g. the data cursor,
+    the prompt cursor) and is stored at the top level of the JSON, so driver-side readers
+    (e.g. the data factory's seek) find `cursor` where they always did."""
+
+    step: int = 0
+    scheduler: Dict[str, Any] = field(default_factory=dict)
+    counters: Dict[str, Any] = field(default_factory=dict)  # tokens, bad_rows, useful_s, run_start, ...
+    job: Dict[str, Any] = field(default_factory=dict)
+    world_size: int = 1
+    time: float = 0.0
+    info: Dict[str, Any] = field(default_factory=dict)  # formula inputs (flops_per_token, peak_flops, ...)
+
+    _FIXED = ("step", "scheduler", "counters", "world_size", "time")
+
+    def to_json(self) -> Dict[str, Any]:
+        return {**self.info, **self.job, **{k: getattr(self, k) for k in self._FIXED}}
+
+    @classmethod
+    def from_json(cls, d: Dict[str, Any], job_keys: Tuple[str, ...]) -> "TrainState":
+        st = cls(**{k: d[k] for k in cls._FIXED if k in d})
+        st.job = {k: d[k] for k in job_keys if k in d}
+        st.info = {k: v for k, v in d.items() if k not in cls._FIXED and k not in job_keys}
+        return st
+
+
+class Checkpointer:
+    """Save, report and restore checkpoints for the per-worker loop.
+
+    Restore order: the checkpoint Ray Train hands this worker group (a restart or a resumed
+    run), else nothing (the caller then initialises weights, e.g. from `model.init_from`)."""
+
+    def __init__(self, every_steps: int, job_keys: Tuple[str, ...]):
+        self.every_steps = every_steps
+        self.job_keys = job_keys
+        self.resumed_from: Optional[str] = None
+
+    def due(self, step: int, last: bool) -> bool:
+        """Save after 1-based `step`?"""
+        return last or step % self.every_steps == 0
+
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Optional[TrainState]:
+        import ray.train
+
+        ckpt = ray.train.get_checkpoint()
+        if ckpt is None:
+            return None
+        with ckpt.as_directory() as d:
+            raw = load(d, model, optimizer)
+        self.resumed_from = ckpt.path
+        return TrainState.from_json(raw, self.job_keys)
+
+    def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
+             metrics: Dict[str, Any]) -> float:
+        """Write this rank's shards, report them to Ray Train (which registers the checkpoint
+        once every rank has reported), clean up; returns the seconds it took."""
+        import ray.train
+
+        t0 = time.perf_counter()
+        state.time = time.time()
+        d = save_local(model, optimizer, state.to_json())
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d),
+                         checkpoint_dir_name=checkpoint_dir_name(state.step))
+        cleanup_local(d)
+        return time.perf_counter() - t0

@@ -1,32 +1,35 @@
-"""The per-worker pretraining loop that Ray Train runs on every worker (and re-runs from the
-top after every elastic restart, so all state comes from the checkpoint).
+"""The one per-worker loop skeleton that Ray Train runs on every worker, for every job
+(pretraining, SFT, GRPO, DPO). Ray Train re-runs it from the top after every elastic restart,
+so all state comes from the checkpoint.
 
-Per step: take the next exact global batch from the data stream, train on this rank's
-slice, log one metrics record, and every `checkpoint.every_steps` save a DCP checkpoint and
-report it to Ray Train.
+Per global step: take this rank's updates from the job (timed as the job's wait phase), run
+each through `train_step` (loss, backward, clip, optimizer) with a global normaliser, let the
+stability guard judge the step, log one metrics record with the time breakdown, append the
+ledger, and every `checkpoint.every_steps` save a DCP checkpoint and report it to Ray Train.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Any, Dict
+from typing import Any, Callable, Dict
 
 import ray.train
 import torch
 import torch.distributed as dist
 
 from elastic.config import from_dict, resolved_model_dims
-from elastic.data.cursor import Cursor
-from elastic.data.documents import BadRows
-from elastic.data.pipeline import DataPlan, GlobalBatches, build_dataset, epochs_needed
 from elastic.model import ModelArgs, Transformer, choose_backend, flops_per_token
-from elastic.records import append_record
-from elastic.train import checkpoint as ckpt_lib
+from elastic.records import EVENTS, LEDGER, METRICS, append_record
+from elastic.train.checkpoint import Checkpointer, TrainState
+from elastic.train.guard import StabilityGuard
+from elastic.train.job import Job, WorkerContext
 from elastic.train.metrics import MetricsWriter, init_wandb, peak_flops
 from elastic.train.optim import build_optimizer, build_scheduler
 from elastic.train.parallelize import parallelize
-from elastic.train.step import label_tokens, train_step
+from elastic.train.profiling import StepProfiler
+from elastic.train.step import global_sum, train_step
+from elastic.train.timing import StepTimer, memory_gib
 
 
 def resolve_device(use_gpu: bool) -> torch.device:
@@ -42,7 +45,8 @@ def resolve_param_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def build_model(cfg, device: torch.device) -> tuple[Transformer, ModelArgs, str]:
-    """Deterministic full init on the host (same weights at any world size), then to device."""
+    """Deterministic full init of an unsharded model on the host, then to device (tests and
+    single-process tools; workers use `build_sharded_model`)."""
     dims = resolved_model_dims(cfg)
     args = ModelArgs(**dims)
     backend = choose_backend(cfg.model.attention, device)
@@ -51,121 +55,235 @@ def build_model(cfg, device: torch.device) -> tuple[Transformer, ModelArgs, str]
     return model.to(device), args, backend
 
 
-def train_loop_per_worker(config: Dict[str, Any]) -> None:
+def _assign_shard(p: torch.Tensor, full: torch.Tensor) -> None:
+    """Keep this rank's shard of a full value (every rank holds the same full value, so no
+    communication: `src_data_rank=None`)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(p, DTensor):
+        p.copy_(distribute_tensor(full.to(p.device), p.device_mesh, p.placements, src_data_rank=None))
+    else:
+        p.copy_(full)
+
+
+def build_sharded_model(cfg, device: torch.device, param_dtype: torch.dtype) -> tuple[Transformer, ModelArgs, str]:
+    """Build on the meta device, apply FSDP2, then materialise only this rank's shards.
+
+    No worker ever holds the whole model: parameters are drawn one at a time (the largest
+    single tensor is the transient peak) and each rank keeps its shard. The weights equal
+    `build_model`'s for the same seed, bit for bit, at any world size."""
+    dims = resolved_model_dims(cfg)
+    args = ModelArgs(**dims)
+    backend = choose_backend(cfg.model.attention, device)
+    with torch.device("meta"):
+        model = Transformer(args, attention_backend=backend)
+    model = parallelize(model, device, param_dtype, cfg.train.activation_checkpointing)
+    model.to_empty(device=device)
+    model.init_buffers()
+    model.init_weights(seed=cfg.run.seed, assign=_assign_shard)
+    return model, args, backend
+
+
+def job_state_keys(make_job: Callable[[], Job]) -> tuple:
+    return tuple(getattr(make_job, "state_keys", ()))
+
+
+def load_initial_weights(model: torch.nn.Module, cfg) -> None:
+    """`model.init_from` into the sharded model, each rank reading only what it holds: one of
+    our DCP checkpoint directories (model tensors only; optimizer and data position start
+    fresh), or a Hugging Face directory (elastic/model/hf.py)."""
+    src = getattr(cfg.model, "init_from", "")
+    if not src:
+        return
+    from elastic.train import checkpoint as ckpt_lib
+
+    if os.path.exists(os.path.join(src, ckpt_lib.STATE_FILE)):
+        ckpt_lib.load(src, model, None)
+        return
+    from elastic.train.hf_load import load_hf_weights
+
+    load_hf_weights(model, src)
+
+
+def _fault_steps(var: str) -> set:
+    """Fault injection for tests and drills: e.g. ELASTIC_FAULT_NAN_STEPS="5,7-9" poisons the loss
+    of those 1-based steps with NaN. Unset in normal runs."""
+    out = set()
+    for part in filter(None, os.environ.get(var, "").split(",")):
+        a, _, b = part.partition("-")
+        out.update(range(int(a), int(b or a) + 1))
+    return out
+
+
+def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
+    """The skeleton. `config` is Ray Train's train_loop_config: {"cfg": dict, "local_dir": str,
+    "use_gpu": bool, ...job inputs}; `make_job` builds this job's Job."""
     cfg = from_dict(config["cfg"])
-    plan: DataPlan = config["plan"]
     local_dir: str = config["local_dir"]  # metrics/ledger/events (a local mirror when storage is remote)
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    rctx = ray.train.get_context()
+    rank, world = rctx.get_world_rank(), rctx.get_world_size()
     device = resolve_device(config["use_gpu"])
     if device.type == "cpu":
         torch.set_num_threads(max(1, int(cfg.scaling.cpus_per_worker)))
-    t, B = cfg.train, cfg.train.global_batch_size
-    per_rank = B // world
+    t = cfg.train
 
-    model, args, backend = build_model(cfg, device)
     param_dtype = resolve_param_dtype(t.param_dtype, device)
-    model = parallelize(model, device, param_dtype, t.activation_checkpointing)
+    model, args, backend = build_sharded_model(cfg, device, param_dtype)
     if t.compile:
         for block in model.layers:
             block.compile()
     opt = build_optimizer(model, t.lr, t.weight_decay, (t.beta1, t.beta2), fused=device.type == "cuda")
-    sched = build_scheduler(opt, t.warmup_steps, t.steps, t.min_lr_ratio)
+    ckpt = Checkpointer(cfg.checkpoint.every_steps, job_state_keys(make_job))
+    state = ckpt.restore(model, opt)
+    if state is None:
+        state = TrainState()
+        load_initial_weights(model, cfg)  # model.init_from, if any (else the seeded init stands)
+    start_step, counters = state.step, state.counters
+    job = make_job()
+    job.start(WorkerContext(cfg, rank, world, device, model, local_dir, config), state.job)
+    ups = job.updates_per_step  # optimizer updates per global step (GRPO: several per rollout)
+    sched = build_scheduler(opt, t.warmup_steps * ups, t.steps * ups, t.min_lr_ratio)
+    if state.scheduler:
+        sched.load_state_dict(state.scheduler)
 
-    start_step, cursor, counters = 0, Cursor(), {"tokens": 0, "bad_rows": {}}
-    ckpt = ray.train.get_checkpoint()
-    if ckpt is not None:
-        with ckpt.as_directory() as d:
-            state = ckpt_lib.load(d, model, opt)
-        sched.load_state_dict(state["scheduler"])
-        start_step, cursor, counters = int(state["step"]), Cursor.from_dict(state["cursor"]), state["counters"]
     # One id per worker-group attempt, shared by all ranks (the ledger groups records by it).
     ids = [time.time()]
     dist.broadcast_object_list(ids, src=0)
     start_time = ids[0]
+    counters.setdefault("tokens", 0)
     counters.setdefault("run_start", start_time)
     counters.setdefault("useful_s", 0.0)  # seconds of steps up to the checkpoint (they count)
+    counters.setdefault("skipped_steps", 0)
     attempt_useful = 0.0
     os.makedirs(local_dir, exist_ok=True)
-    events = os.path.join(local_dir, "events.jsonl")
+    events = os.path.join(local_dir, EVENTS)
     append_record(events, {"event": "worker", "time": start_time, "rank": rank, "world_size": world, "pid": os.getpid(),
-                          "node_id": ray.get_runtime_context().get_node_id()})
+                           "node_id": ray.get_runtime_context().get_node_id()})
     if rank == 0:
         append_record(events, {
             "event": "start", "time": start_time, "world_size": world, "step": start_step,
-            "resumed_from": ckpt.path if ckpt is not None else None, "attention_backend": backend,
+            "resumed_from": ckpt.resumed_from, "attention_backend": backend,
             "device": str(device), "param_dtype": str(param_dtype).replace("torch.", "")})
         print(f"[elastic] rank 0/{world}: step {start_step}/{t.steps}, attention={backend}, device={device}, "
-              f"params={model.num_params() if hasattr(model, 'num_params') else '?'}, param_dtype={param_dtype}")
+              f"params={model.num_params()}, param_dtype={param_dtype}")
 
-    samples_total = t.steps * B
-
-    def make_dataset(c: Cursor):
-        return build_dataset(plan, c, epochs_needed(plan, c, max(0, samples_total - c.consumed)))
-
-    batches = GlobalBatches(ray.train.get_dataset_shard("train"), make_dataset, cursor, B, plan.num_shards)
-    bad_total = BadRows.from_dict(counters.get("bad_rows", {}), keep=plan.report_bad_rows)
-    fpt = flops_per_token(args, plan.seq_len)
+    fpt = flops_per_token(args, cfg.data.seq_len)
     peak, peak_src = peak_flops(device)
     writer = None
     if rank == 0:
         wb = init_wandb(cfg.wandb.mode, cfg.wandb.project, cfg.wandb.entity, cfg.run.name, local_dir, config["cfg"])
-        writer = MetricsWriter(os.path.join(local_dir, "metrics.jsonl"), wb)
-    ledger = os.path.join(local_dir, "ledger.jsonl") if cfg.data.ledger else None
+        writer = MetricsWriter(os.path.join(local_dir, METRICS), wb)
+    ledger = os.path.join(local_dir, LEDGER) if cfg.data.ledger else None
+    timer = StepTimer(device)
+    profiler = StepProfiler(device, os.path.join(local_dir, "profile"), t.profile_steps, t.comm_sample_every, enabled=rank == 0)
+    guard = StabilityGuard(t.max_bad_steps, t.spike_z)
+    nan_steps = _fault_steps("ELASTIC_FAULT_NAN_STEPS")
+    loss_fn = job.loss_fn()
 
     stop = t.until_step or t.steps
-    for step in range(start_step, stop):
-        t0 = time.perf_counter()
-        gb = batches.next()
-        data_wait = time.perf_counter() - t0
-        local = {k: gb[k][rank * per_rank:(rank + 1) * per_rank] for k in ("tokens", "positions", "doc_ids")}
-        n_labels = label_tokens(gb)  # the whole global batch's: the loss normaliser on every rank
-        out = train_step(model, opt, local, n_labels, t.micro_batch_size, world, t.grad_clip, device, backend)
-        lr = sched.get_last_lr()[0]
-        sched.step()
-        loss_sum = out["loss_sum"].clone()
-        dist.all_reduce(loss_sum)  # also a barrier: step time is the slowest rank's
-        loss = float(loss_sum) / max(1, n_labels)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        step_s = time.perf_counter() - t0
-        attempt_useful += step_s
-        tokens = int(gb["n_real"].sum())
-        counters["tokens"] = int(counters["tokens"]) + tokens
-        bad_total.merge(batches.take_bad_rows())
-        if ledger:
-            append_record(ledger, {"step": step + 1, "rank": rank, "world_size": world, "start_time": start_time,
-                                  "sample_ids": gb["sample_id"][rank * per_rank:(rank + 1) * per_rank].tolist()})
-        if rank == 0:
-            rec = {
-                "step": step + 1, "loss": loss, "lr": lr,
-                "grad_norm": out["grad_norm"], "tokens": tokens, "tokens_per_s": tokens / step_s,
-                "mfu": fpt * tokens / step_s / (peak * world), "data_wait_s": data_wait, "step_s": step_s,
-                "world_size": world, "samples_consumed": batches.cursor.consumed, "bad_rows": bad_total.total,
-                "time": time.time(),
-            }
-            # Live goodput: steps that will count (checkpointed + this attempt's) over wall time.
-            rec["goodput"] = (counters["useful_s"] + attempt_useful) / max(1e-9, rec["time"] - counters["run_start"])
-            if device.type == "cuda":
-                rec["max_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-            writer.write(rec)
-            if (step + 1) % t.log_every == 0 or step == start_step:
-                print(f"[elastic] step {step + 1}/{t.steps} loss {rec['loss']:.4f} lr {lr:.2e} "
-                      f"tok/s {rec['tokens_per_s']:.0f} mfu {rec['mfu']:.2%} data_wait {data_wait * 1e3:.0f}ms world {world}")
-        done = step + 1 == stop
-        if (step + 1) % cfg.checkpoint.every_steps == 0 or done:
-            counters["bad_rows"] = bad_total.to_dict()
-            counters["useful_s"] = counters["useful_s"] + attempt_useful
-            attempt_useful = 0.0
-            state = {"step": step + 1, "cursor": batches.cursor.to_dict(), "scheduler": sched.state_dict(),
-                     "counters": counters, "world_size": world, "time": time.time(),
-                     "flops_per_token": fpt, "peak_flops": peak, "peak_flops_source": peak_src}
-            local_ckpt = ckpt_lib.save_local(model, opt, state)
-            ray.train.report({"step": step + 1, "loss": loss},
-                             checkpoint=ray.train.Checkpoint.from_directory(local_ckpt),
-                             checkpoint_dir_name=ckpt_lib.checkpoint_dir_name(step + 1))
-            ckpt_lib.cleanup_local(local_ckpt)
+    try:
+        for step in range(start_step, stop):
+            s1 = step + 1
+            timer.reset()
+            t0 = time.perf_counter()
+            lr = sched.get_last_lr()[0]
+            losses, grad_norm, skipped, tokens, sample_ids = [], 0.0, False, 0, []
+            with profiler.step(s1, first=step == start_step):
+                it = job.updates(step)
+                while True:
+                    with timer.phase(job.wait_phase, host=True):
+                        upd = next(it, None)
+                    if upd is None:
+                        break
+                    if upd.normaliser is not None:
+                        norm = upd.normaliser
+                    else:
+                        with timer.phase("sync", host=True):  # also where ranks wait for the slowest one's data
+                            norm = global_sum([upd.units], device)[0]
+                    out = train_step(model, opt, upd.micro_batches, loss_fn, norm, t.grad_clip, device, timer,
+                                     poison=s1 in nan_steps)
+                    sched.step()
+                    job.observe(out)
+                    losses.append(out.stats.get("loss_sum", float("nan")) / max(norm, 1e-12))
+                    grad_norm, skipped = out.grad_norm, skipped or out.skipped
+                    tokens += upd.tokens
+                    sample_ids += upd.sample_ids
+            local_s = time.perf_counter() - t0
+            # One small collective: global tokens and the slowest rank's time (also a barrier).
+            gathered = torch.zeros(2 * world, dtype=torch.float64)
+            with timer.phase("sync", host=True):
+                dist.all_gather_into_tensor(gathered, torch.tensor([float(tokens), local_s], dtype=torch.float64))
+            metrics_extra = job.step_metrics()
+            with timer.phase("eval", host=True):  # held-out evaluation, on the steps the job evaluates
+                evals = job.evaluate(s1)
+            phases = timer.seconds()
+            if not evals:
+                phases.pop("eval_s", None)
+            tokens_global = int(gathered[0::2].sum())
+            slowest = float(gathered[1::2].max())
+            loss = sum(losses) / max(1, len(losses))
+            verdict = guard.observe(s1, loss, grad_norm, skipped)
+            if verdict.bad:
+                counters["skipped_steps"] = int(counters["skipped_steps"]) + 1
+            counters["tokens"] = int(counters["tokens"]) + tokens_global
+            if ledger:
+                append_record(ledger, {"step": s1, "rank": rank, "world_size": world, "start_time": start_time,
+                                       "sample_ids": sample_ids})
+            if verdict.stop:
+                if rank == 0:
+                    append_record(events, {"event": "stop", "time": time.time(), "step": s1, "reason": verdict.stop})
+                    print(f"[elastic] stopping: {verdict.stop}")
+                break
+            ckpt_s = None
+            step_s_train = time.perf_counter() - t0
+            # Never checkpoint inside a streak of bad steps: the last good checkpoint is what a
+            # relaunch (e.g. with a lower LR) should resume from.
+            if ckpt.due(s1, s1 == stop) and not verdict.bad:
+                counters["useful_s"] = counters["useful_s"] + attempt_useful + step_s_train  # saved: they count
+                attempt_useful = 0.0
+                state = TrainState(step=s1, scheduler=sched.state_dict(), counters=counters, job=job.state(),
+                                   world_size=world, info={"flops_per_token": fpt, "peak_flops": peak,
+                                                           "peak_flops_source": peak_src})
+                if rank == 0:
+                    append_record(events, {"event": "checkpoint_start", "time": time.time(), "step": s1})
+                ckpt_s = ckpt.save(model, opt, state, {"step": s1, "loss": loss})
+            step_s = time.perf_counter() - t0
+            attempt_useful += step_s - (step_s_train if ckpt_s is not None else 0.0)
+            if rank == 0:
+                rec = {"step": s1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": tokens_global,
+                       "tokens_per_s": tokens_global / step_s, "mfu": fpt * tokens_global / step_s / (peak * world),
+                       "step_s": step_s, "slowest_rank_step_s": slowest, "world_size": world,
+                       **{k: v for k, v in phases.items()}, **memory_gib(device), "time": time.time()}
+                if ckpt_s is not None:
+                    rec["checkpoint_s"] = ckpt_s
+                if profiler.comm_s is not None:
+                    rec["comm_s"] = profiler.comm_s
+                if profiler.overhead_s:
+                    rec["profile_s"] = profiler.overhead_s
+                if verdict.bad:
+                    rec.update(skipped=True, bad_steps=guard.consecutive_bad)
+                    append_record(events, {"event": "bad_step", "time": rec["time"], "step": s1, "reason": verdict.reason})
+                if verdict.spike_z is not None:
+                    append_record(events, {"event": "loss_spike", "time": rec["time"], "step": s1, "z": verdict.spike_z, "loss": loss})
+                if evals:
+                    append_record(events, {"event": "eval", "time": rec["time"], "step": s1, **evals})
+                rec.update(metrics_extra)
+                rec.update(evals)
+                # Live goodput: steps that will count (checkpointed + this attempt's) over wall time.
+                rec["goodput"] = (counters["useful_s"] + attempt_useful) / max(1e-9, rec["time"] - counters["run_start"])
+                writer.write(rec)
+                if s1 % t.log_every == 0 or step == start_step:
+                    print(f"[elastic] step {s1}/{t.steps} loss {loss:.4f} lr {lr:.2e} tok/s {rec['tokens_per_s']:.0f} "
+                          f"mfu {rec['mfu']:.2%} data_wait {phases.get(job.wait_phase + '_s', 0) * 1e3:.0f}ms world {world}")
+    finally:
+        profiler.close()
+    job.close()
     if rank == 0:
-        if bad_total.total:
-            print(f"[elastic] skipped {bad_total.total} malformed rows {bad_total.counts}; first: {bad_total.examples}")
         writer.close()
+
+
+def train_loop_per_worker(config: Dict[str, Any]) -> None:
+    """Ray Train entry for language-modelling jobs (pretraining, SFT)."""
+    from elastic.train.lm_job import LMJob
+
+    run_worker(config, LMJob)

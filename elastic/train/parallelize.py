@@ -2,7 +2,9 @@
 
 Each transformer block is its own FSDP unit (parameters all-gathered just before the block
 runs and freed after), then the root module picks up the embeddings, final norm and output.
-Parameters compute in `param_dtype`; gradients are reduced in fp32.
+Parameters compute in `param_dtype`; gradients are reduced in fp32 and *summed* over ranks
+(gradient divide factor 1): the loss is already normalised by the whole global batch's units
+(see step.py), so FSDP's default averaging would divide by the world size a second time.
 """
 
 from __future__ import annotations
@@ -32,4 +34,10 @@ def parallelize(model: Transformer, device: torch.device, param_dtype: torch.dty
         # The last block's parameters are needed first in backward: keep them gathered.
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < n - 1)
     fully_shard(model, mesh=mesh, mp_policy=mp)
+    for m in model.modules():
+        if hasattr(m, "set_gradient_divide_factor"):
+            m.set_gradient_divide_factor(1.0)
+            if hasattr(m, "set_force_sum_reduction_for_comms"):
+                # A plain SUM (gloo has no PREMUL_SUM; with factor 1 it is the same on NCCL).
+                m.set_force_sum_reduction_for_comms(True)
     return model

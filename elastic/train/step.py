@@ -1,64 +1,132 @@
-"""One optimizer step over this rank's slice of a global batch.
+"""One optimizer update over this rank's micro-batches, with a pluggable loss.
 
-The loss is the sum of token losses divided by the label tokens of the *whole global batch*
-(which every rank knows, since every rank sees the global batch), times the world size to
-undo FSDP's gradient averaging. So the gradient equals that of a single process training on
-the whole global batch, however the batch is split over workers and micro-batches.
+The contract every job (pretraining, SFT, GRPO, DPO) follows:
+
+* a **loss function** `loss_fn(model, micro) -> LossOutput` returns the *sum* of its per-unit
+  losses over the micro-batch (units: label tokens for language modelling, or already
+  globally-weighted tokens for GRPO), plus detached statistics to sum;
+* the step divides that sum by a **global normaliser**: the count of the same units over the
+  whole global batch (all ranks, all micro-batches), known before the first backward;
+* FSDP2's gradient divide factor is 1 (see parallelize.py): gradients are *summed* over ranks.
+
+So the gradient equals that of one process training on the whole global batch, however the
+batch is split over workers and micro-batches (tests/test_fsdp_equivalence.py).
+
+The step also owns what must be decided consistently on every rank: the statistics are
+all-reduced before the optimizer runs, and a non-finite loss or gradient norm (both global
+values, hence identical on all ranks) skips the update.
 """
 
 from __future__ import annotations
 
-from typing import Dict
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
-from elastic.data.packing import labels_for
+from elastic.data.packing import IGNORE
 from elastic.model.attention import build_attention_metadata
+from elastic.train.timing import StepTimer
 
-IGNORE = -100
+Micro = Dict[str, torch.Tensor]
 
 
-def to_tensors(rows: Dict[str, np.ndarray], device: torch.device) -> Dict[str, torch.Tensor]:
-    labels = labels_for(rows["tokens"], rows["doc_ids"], IGNORE)
-    out = {
-        "tokens": torch.from_numpy(np.ascontiguousarray(rows["tokens"], dtype=np.int64)),
-        "positions": torch.from_numpy(np.ascontiguousarray(rows["positions"], dtype=np.int64)),
-        "doc_ids": torch.from_numpy(np.ascontiguousarray(rows["doc_ids"], dtype=np.int64)),
-        "labels": torch.from_numpy(labels),
-    }
+@dataclass
+class LossOutput:
+    loss_sum: torch.Tensor  # scalar, differentiable: Σ of per-unit losses in this micro-batch
+    stats: Dict[str, torch.Tensor] = field(default_factory=dict)  # detached sums (aggregated exactly)
+
+
+LossFn = Callable[[torch.nn.Module, Micro], LossOutput]
+
+
+def causal_lm_loss(model: torch.nn.Module, mb: Micro) -> LossOutput:
+    """Token cross-entropy summed over the targets packing marked (`labels` != IGNORE)."""
+    meta = build_attention_metadata(mb["doc_ids"], model.attention_backend)
+    logits = model(mb["tokens"], mb["positions"], mb["doc_ids"], meta)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), mb["labels"].flatten().long(), ignore_index=IGNORE, reduction="sum")
+    return LossOutput(loss, {"loss_sum": loss.detach()})
+
+
+def label_count(rows: Dict[str, np.ndarray]) -> int:
+    """Units of `causal_lm_loss`: targets that carry loss."""
+    return int((rows["labels"] != IGNORE).sum())
+
+
+def to_device(rows: Dict[str, np.ndarray], device: torch.device) -> Micro:
+    """Numeric columns of a micro-batch as tensors on `device` (pinned, non-blocking on CUDA)."""
     pin = device.type == "cuda"
-    return {k: (v.pin_memory() if pin else v).to(device, non_blocking=pin) for k, v in out.items()}
+    out: Micro = {}
+    for k, v in rows.items():
+        if not isinstance(v, np.ndarray) or v.dtype == object:
+            continue
+        t = torch.from_numpy(np.ascontiguousarray(v))
+        if t.dtype == torch.int32 and k in ("tokens", "positions", "doc_ids", "labels"):
+            t = t.long()
+        out[k] = (t.pin_memory() if pin else t).to(device, non_blocking=pin)
+    return out
 
 
-def label_tokens(global_batch: Dict[str, np.ndarray]) -> int:
-    return int((labels_for(global_batch["tokens"], global_batch["doc_ids"], IGNORE) != IGNORE).sum())
+def split_micro(rows: Dict[str, np.ndarray], micro_batch_size: int) -> List[Dict[str, np.ndarray]]:
+    n = len(next(iter(rows.values())))
+    return [{k: v[i:i + micro_batch_size] for k, v in rows.items()} for i in range(0, n, micro_batch_size)]
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, local_rows: Dict[str, np.ndarray],
-               global_label_tokens: int, micro_batch_size: int, world_size: int, grad_clip: float,
-               device: torch.device, attention_backend: str) -> Dict[str, float]:
-    """Forward/backward over micro-batches with gradient accumulation, clip, optimizer step.
-    Returns this rank's summed token loss and the (global) gradient norm."""
-    n = len(local_rows["tokens"])
-    n_micro = n // micro_batch_size
-    loss_sum = torch.zeros((), device=device, dtype=torch.float32)
-    scale = world_size / max(1, global_label_tokens)
-    for m in range(n_micro):
-        sl = slice(m * micro_batch_size, (m + 1) * micro_batch_size)
-        t = to_tensors({k: local_rows[k][sl] for k in ("tokens", "positions", "doc_ids")}, device)
+def global_sum(values: Sequence[float], device: torch.device) -> List[float]:
+    """Sum a few numbers over all ranks (one small collective; identity without a group)."""
+    t = torch.tensor(list(values), dtype=torch.float64, device=device)
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+@dataclass
+class StepOutput:
+    stats: Dict[str, float]  # summed over micro-batches and ranks
+    grad_norm: float         # global (before clipping); nan/inf when the update was skipped for it
+    skipped: bool            # the optimizer did not step (non-finite loss or gradient norm)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Sequence[Dict[str, np.ndarray]],
+               loss_fn: LossFn, normaliser: float, grad_clip: float, device: torch.device,
+               timer: Optional[StepTimer] = None, poison: bool = False) -> StepOutput:
+    """Forward/backward over micro-batches with gradient accumulation, then (unless the loss or
+    gradient norm is non-finite) clip and step. `normaliser` is the global unit count.
+    `poison` multiplies the loss by NaN (fault injection for the stability guard's tests)."""
+    timer = timer or StepTimer(device)
+    n_micro = len(micro_batches)
+    sums: Dict[str, torch.Tensor] = {}
+    scale = 1.0 / max(normaliser, 1e-12)
+    for m, rows in enumerate(micro_batches):
+        mb = to_device(rows, device)
         if hasattr(model, "set_requires_gradient_sync"):
             # FSDP2: reduce-scatter gradients only after the last micro-batch.
             model.set_requires_gradient_sync(m == n_micro - 1)
-        meta = build_attention_metadata(t["doc_ids"], attention_backend)
-        logits = model(t["tokens"], t["positions"], t["doc_ids"], meta)
-        tok_loss = F.cross_entropy(logits.float().flatten(0, 1), t["labels"].flatten(), ignore_index=IGNORE, reduction="sum")
-        (tok_loss * scale).backward()
-        loss_sum += tok_loss.detach()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
-    if hasattr(grad_norm, "full_tensor"):
-        grad_norm = grad_norm.full_tensor()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return {"loss_sum": loss_sum, "grad_norm": float(grad_norm)}
+        with timer.phase("forward"):
+            out = loss_fn(model, mb)
+            loss = out.loss_sum * float("nan") if poison else out.loss_sum
+        with timer.phase("backward"):
+            (loss * scale).backward()
+        for k, v in out.stats.items():
+            v = v * float("nan") if (poison and k == "loss_sum") else v
+            sums[k] = sums[k] + v.detach().double() if k in sums else v.detach().double()
+    with timer.phase("optimizer"):
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        # One host sync for everything the skip decision needs: summed stats and the norm.
+        keys = sorted(sums)
+        vec = torch.stack([sums[k] for k in keys]) if keys else torch.zeros(0, dtype=torch.float64, device=device)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and keys:
+            dist.all_reduce(vec)
+        host = torch.cat([vec, grad_norm.detach().double().reshape(1).to(vec.device)]).tolist()
+        totals, gn = dict(zip(keys, host[:-1])), host[-1]
+        skipped = not math.isfinite(gn) or any(not math.isfinite(v) for v in totals.values())
+        if not skipped:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return StepOutput(totals, gn, skipped)

@@ -1,0 +1,82 @@
+"""Driver-side data planning for language-modelling jobs (pretraining, SFT): the training plan
+and the held-out plan, from the config. Runs before any worker starts, so every data error is
+one line before Ray does any work.
+
+Held-out data (`eval`): `eval.source` when given; for `data.source: code-opt` the held-out
+problems' rows; otherwise the last `eval.fraction` of the planned shards, which are then
+removed from the training plan (held out means never trained on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from elastic.config import Config
+from elastic.data.chat import ChatFormat
+from elastic.data.code_opt import problem_ids, sft_rows, write_jsonl
+from elastic.data.pipeline import DataPlan, prepare_data_plan
+from elastic.data.sources import DataError
+
+CODE_OPT = "code-opt"
+
+
+@dataclass
+class JobData:
+    train: DataPlan
+    eval: Optional[DataPlan] = None
+
+
+def chat_format(cfg: Config) -> ChatFormat:
+    s = cfg.sft
+    # The template itself comes from the tokenizer at planning time (unless forced builtin).
+    return ChatFormat(prompt_field=s.prompt_field, completion_field=s.completion_field, messages_field=s.messages_field)
+
+
+def _code_opt_sources(cfg: Config, local_dir: str) -> tuple[str, str]:
+    """Write the code-opt instruction rows (train problems, held-out problems) into the run."""
+    from elastic.rl.split import split_problems
+
+    split = split_problems(problem_ids(cfg.rl.problems), cfg.rl.heldout, where=cfg.rl.problems)
+    d = os.path.join(local_dir, "data")
+    train = write_jsonl(sft_rows(cfg.rl.problems, split.train), os.path.join(d, "code-opt-train.jsonl"))
+    held = write_jsonl(sft_rows(cfg.rl.problems, split.heldout), os.path.join(d, "code-opt-heldout.jsonl")) if split.heldout else ""
+    return train, held
+
+
+def plan_job_data(cfg: Config, local_dir: str, kind: str) -> JobData:
+    """kind: "pretrain" (text) or "sft" (conversations)."""
+    d, ev = cfg.data, cfg.eval
+    chat = chat_format(cfg) if kind == "sft" else None
+    source, eval_source = d.source, ev.source
+    if d.source == CODE_OPT:
+        if kind != "sft":
+            raise DataError(f"data.source {CODE_OPT}: instruction rows are for SFT (jobs/sft.py), not {kind}")
+        source, held = _code_opt_sources(cfg, local_dir)
+        eval_source = eval_source or held
+    tok_path = os.path.join(local_dir, "tokenizer.json")
+
+    def plan(src: str, tokenizer: str) -> DataPlan:
+        p = prepare_data_plan(src, d.glob, d.format, d.text_field, tokenizer, d.vocab_size, d.tokenizer_sample_mb,
+                              d.seq_len, d.shard_mb, cfg.run.seed, d.shuffle, tokenizer_save_path=tok_path,
+                              tokenize_cpus=d.tokenize_cpus, report_bad_rows=d.report_bad_rows, chat=chat,
+                              overlong=cfg.sft.overlong)
+        if chat is not None and cfg.sft.template == "builtin":
+            p = dataclasses.replace(p, chat=dataclasses.replace(p.chat, chat_template=None))
+        return p
+
+    train = plan(source, d.tokenizer)
+    if ev.every_steps <= 0:
+        return JobData(train)
+    if eval_source:
+        # Same tokenizer as training (the one given, or the one just trained and saved).
+        return JobData(train, plan(eval_source, d.tokenizer or tok_path))
+    n = train.num_shards
+    k = max(1, round(ev.fraction * n))
+    if n - k < 1:
+        raise DataError(f"eval.fraction {ev.fraction}: data.source {d.source} has only {n} shard(s); "
+                        "lower data.shard_mb or set eval.source")
+    return JobData(dataclasses.replace(train, shards=train.shards[:n - k]),
+                   dataclasses.replace(train, shards=train.shards[n - k:]))

@@ -1,0 +1,184 @@
+"""report.md: a summary table that states the named bottleneck, then the evidence behind it.
+
+Why markdown: it reads as plain text in a terminal or a log, renders with its plots on GitHub,
+in VS Code and in wandb's file viewer, and needs nothing to produce. Every figure says what it
+is computed over; missing figures read "n/a" rather than disappearing, so an older or crashed
+run's report still has the same shape.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+from typing import Any, Dict, List, Optional, Sequence
+
+from elastic.report.bottleneck import BREAKDOWN_KEYS, Diagnosis, measures
+from elastic.report.run import RunData
+
+MAX_LISTED = 10
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _pct(x: Any) -> str:
+    return f"{x:.1%}" if _num(x) else "n/a"
+
+
+def _f(x: Any, fmt: str = ".4g") -> str:
+    return format(x, fmt) if _num(x) else "n/a"
+
+
+def _dur(s: Any) -> str:
+    if not _num(s):
+        return "n/a"
+    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.2f} h"
+
+
+def _table(head: Sequence[str], rows: List[Sequence[Any]]) -> List[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in r) + " |" for r in rows]
+    return out
+
+
+def _mean_last(vals: List[float], n: int = 10) -> Optional[float]:
+    v = [x for x in vals if _num(x)][-n:]
+    return sum(v) / len(v) if v else None
+
+
+def summary_rows(run: RunData, diag: Diagnosis) -> List[Sequence[Any]]:
+    steps = run.steps
+    f = diag.figures
+    total = run.total_steps
+    last = steps[-1]["step"] if steps else 0
+    losses = [r.get("loss") for r in steps]
+    first_loss = next((x for x in losses if _num(x)), None)
+    val = [(r["step"], r["val_loss"]) for r in steps if _num(r.get("val_loss"))]
+    if not val:
+        val = [(e["step"], e["val_loss"]) for e in run.events if e.get("event") == "eval" and _num(e.get("val_loss")) and _num(e.get("step"))]
+    tokens = sum(r["tokens"] for r in steps if _num(r.get("tokens")))
+    wall = (run.summary or {}).get("wall_s") or (run.recovery or {}).get("wall_s")
+    worlds = sorted({int(r["world_size"]) for r in run.metrics if _num(r.get("world_size"))})
+    restarts = (run.recovery or {}).get("restarts") or []
+    causes: Dict[str, int] = {}
+    for r in restarts:
+        causes[r.get("cause", "unknown")] = causes.get(r.get("cause", "unknown"), 0) + 1
+    starts = [e for e in run.events if e.get("event") == "start"]
+    backend = starts[-1].get("attention_backend") if starts else None
+    score = f" ({_pct(diag.score)} of {'the device' if diag.name == 'memory' else 'run time'})" if diag.name not in ("compute", "unknown") else ""
+    rows: List[Sequence[Any]] = [
+        ("**bottleneck**", f"**{diag.name}**{score}: {diag.evidence}"),
+        ("lever", diag.lever),
+        ("status", f"{run.status.state}: {run.status.detail}"),
+        ("steps", f"{last} / {total}" if total else str(last)),
+        ("loss", f"{_f(first_loss)} → {_f(losses[-1] if losses else None)} (mean of the last 10: {_f(_mean_last(losses))})"),
+        ("validation loss", f"best {_f(min(v for _, v in val))} at step {min(val, key=lambda p: p[1])[0]}, last {_f(val[-1][1])} at step {val[-1][0]}" if val else "n/a"),
+        ("tokens", f"{tokens:,} (real tokens); {_f(f.get('tokens_per_s_mean'), ',.0f')} tokens/s mean over {diag.steps_analyzed} steady steps"),
+        ("MFU", f"{_pct(f.get('mfu_mean'))}" + ("" if diag.device.startswith("cuda") else f" (nominal on {diag.device}: a relative figure, README 'MFU')")),
+        ("wall time", _dur(wall) + (" (first worker start to last step)" if run.summary is None and wall else "")),
+        ("goodput", _pct(f.get("goodput"))),
+        ("restarts", f"{len(restarts)}" + (f" ({', '.join(f'{n} {c}' for c, n in sorted(causes.items()))})" if causes else "")),
+        ("world size", "–".join(str(w) for w in (worlds[0], worlds[-1])) if len(worlds) > 1 else (str(worlds[0]) if worlds else "n/a")),
+        ("device", diag.device + (f", attention {backend}" if backend else "")),
+        ("checkpoints", f"{len(run.checkpoints)} kept, latest {run.checkpoints[-1]}" if run.checkpoints else "none"),
+        ("malformed rows skipped", str(steps[-1].get("bad_rows", "n/a")) if steps else "n/a"),
+    ]
+    return rows
+
+
+def _breakdown_rows(run: RunData, diag: Diagnosis) -> List[Sequence[Any]]:
+    f = diag.figures
+    steps = [r["step_s"] for r in run.steps if _num(r.get("step_s"))]
+    rows = [("step (total)", _f(sum(steps) / len(steps), ".3g"), "100%", len(steps))] if steps else []
+    for key, label in BREAKDOWN_KEYS:
+        share = f.get(f"{key}_share")
+        if share is None:
+            continue
+        vals = [r[f"{key}_s"] for r in run.steps if _num(r.get(f"{key}_s"))]
+        rows.append((label, _f(sum(vals) / len(vals), ".3g") if vals else "n/a", _pct(share), len(vals)))
+    if f.get("other_share") is not None:
+        rows.append(("other (step − parts)", "", _pct(f["other_share"]), ""))
+    return rows
+
+
+def render_markdown(run: RunData, diag: Diagnosis, plots: Dict[str, str], out_dir: str) -> str:
+    now = _dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    L: List[str] = [f"# Run report: {run.name}", "",
+                    f"Generated {now} from `{run.run_dir}` ({run.status.state}).", ""]
+    L += _table(("", ""), summary_rows(run, diag))
+    L += ["", "## Bottleneck", "",
+          f"Named: **{diag.name}**. {diag.evidence}", "", f"Lever: {diag.lever}", ""]
+    if len(diag.findings) > 1:
+        L += ["Also over threshold:", ""] + [f"- **{x.name}** ({_pct(x.score)}): {x.evidence} Lever: {x.lever}" for x in diag.findings[1:]] + [""]
+    L += _table(("class", "measure", "value", "threshold", "finding"),
+                [(m["class"], m["measure"], _pct(m["value"]), f"≥ {m['threshold']:.0%}", "yes" if m["finding"] else "")
+                 for m in measures(diag)])
+    L += ["", f"Shares are over {diag.steps_analyzed} steady steps (the first step of each worker-group attempt is "
+              "left out); thresholds and the ranking rule are in `elastic/report/bottleneck.py`.", ""]
+    bd = _breakdown_rows(run, diag)
+    if bd:
+        L += ["## Step time", ""] + _table(("part", "mean s", "share of step time", "steps with it"), bd)
+        if diag.figures.get("comm_share") is not None:
+            L += ["", "Exposed communication is measured on profiled steps only and is included in forward/backward."]
+        L += [""]
+    if plots:
+        L += ["## Plots", ""]
+        for name, path in plots.items():
+            L += [f"![{name}]({os.path.relpath(path, out_dir)})", ""]
+    restarts = (run.recovery or {}).get("restarts") or []
+    if restarts:
+        L += ["## Restarts and resizes", ""]
+        L += _table(("#", "cause", "world size", "resumed at step", "steps redone", "recovery"),
+                    [(i, r.get("cause"), f"{r.get('world_size_before')} → {r.get('world_size_after')}", r.get("resumed_from_step"),
+                      r.get("steps_redone"), _dur(r.get("recovery_s"))) for i, r in enumerate(restarts, 1)])
+        L += [""]
+    L += _grpo_section(run)
+    L += _events_section(run, diag)
+    if run.notes:
+        L += ["## Notes", ""] + [f"- {n}" for n in run.notes] + [""]
+    return "\n".join(L).rstrip() + "\n"
+
+
+def _grpo_section(run: RunData) -> List[str]:
+    steps = run.steps
+    keys = [("reward_mean", "reward mean"), ("pass_rate", "pass rate"), ("compile_error_rate", "compile error rate"),
+            ("wrong_answer_rate", "wrong answer rate"), ("timeout_rate", "timeout rate"), ("sandbox_error_rate", "sandbox error rate"),
+            ("speedup_mean", "speedup mean"), ("kl", "KL"), ("entropy", "entropy"), ("zero_var_frac", "zero-variance groups"),
+            ("trunc_rate", "truncated completions"), ("resp_len_mean", "response length mean"),
+            ("heldout_pass_at_1", "held-out pass@1"), ("heldout_speedup", "held-out speedup")]
+    rows = []
+    for k, lab in keys:
+        v = [(r["step"], r[k]) for r in steps if _num(r.get(k))]
+        if v:
+            rows.append((lab, _f(v[0][1]), _f(v[-1][1]), _f(_mean_last([x for _, x in v])), v[-1][0]))
+    if not rows:
+        return []
+    return ["## GRPO", ""] + _table(("metric", "first", "last", "mean of last 10", "at step"), rows) + [""]
+
+
+def _events_section(run: RunData, diag: Diagnosis) -> List[str]:
+    L: List[str] = []
+    for e in run.events:
+        t = e.get("time")
+        when = _dt.datetime.fromtimestamp(t).strftime("%H:%M:%S") if _num(t) else "?"
+        if e.get("event") == "stop":
+            L.append(f"- {when} stop: {e.get('reason')}")
+        elif e.get("event") == "controller_state" and e.get("error"):
+            L.append(f"- {when} controller {e.get('from')} → {e.get('to')}: {e.get('error')}")
+    sf = diag.figures.get("stability") or {}
+    for label, key in (("skipped steps", "skipped_steps"), ("non-finite steps", "nonfinite_steps"),
+                       ("bad_step events", "bad_step_events"), ("loss_spike events", "loss_spike_events")):
+        v = sf.get(key) or []
+        if v:
+            L.append(f"- {label}: {', '.join(map(str, v[:MAX_LISTED]))}" + (f" (+{len(v) - MAX_LISTED})" if len(v) > MAX_LISTED else ""))
+    for label, key in (("loss spikes found in the stream", "loss_spikes"), ("grad-norm spikes found in the stream", "grad_spikes")):
+        v = sf.get(key) or []
+        if v:
+            L.append(f"- {label}: " + ", ".join(f"step {s} (z {z:.0f})" for s, z in v[:MAX_LISTED])
+                     + (f" (+{len(v) - MAX_LISTED})" if len(v) > MAX_LISTED else ""))
+    if not L:
+        return []
+    return ["## Events", ""] + L + [""]
+

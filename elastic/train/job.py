@@ -1,0 +1,81 @@
+"""What a training job supplies to the shared per-worker loop (elastic/train/loop.py).
+
+Pretraining, SFT, DPO and GRPO differ only in where a step's batches come from and which
+loss they train; checkpointing, metrics, the ledger, elasticity, the stability guard and
+the timing breakdown are the loop's. A job:
+
+* restores its own position from the checkpoint (`restore`) and returns it for the next one
+  (`state`), under the names in `state_keys` (kept at the top level of train_state.json);
+* yields this rank's `Update`s for a global step (pretraining: one; GRPO: several optimizer
+  updates over one rollout), built only from the step number and its own state, never from
+  the world size, so a resized run trains on the same data;
+* names its loss function and adds its own figures to the step's metrics record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from elastic.train.step import LossFn, StepOutput
+
+
+@dataclass
+class WorkerContext:
+    """The per-worker facts a job may need (built once per worker-group attempt)."""
+
+    cfg: Any                 # elastic.config.Config
+    rank: int
+    world_size: int
+    device: torch.device
+    model: torch.nn.Module   # FSDP-wrapped policy
+    local_dir: str           # run directory for records
+    config: Dict[str, Any]   # the raw train_loop_config (plans, paths)
+
+
+@dataclass
+class Update:
+    """One optimizer update's worth of this rank's data."""
+
+    micro_batches: List[Dict[str, np.ndarray]]
+    units: float = 0.0                 # this rank's loss units; summed over ranks = the normaliser
+    tokens: int = 0                    # this rank's real (non-padding) tokens, for throughput
+    sample_ids: List[int] = field(default_factory=list)  # for the ledger
+    normaliser: Optional[float] = None  # set when the job computed the global normaliser itself
+
+
+class Job:
+    """Base class; see the module docstring."""
+
+    state_keys: Tuple[str, ...] = ()
+    wait_phase: str = "data_wait"  # the name under which the loop times `updates()` producing data
+    updates_per_step: int = 1      # optimizer updates per global step (sizes the LR schedule; set in start)
+
+    def start(self, ctx: WorkerContext, state: Dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def updates(self, step: int) -> Iterator[Update]:
+        raise NotImplementedError
+
+    def loss_fn(self) -> LossFn:
+        raise NotImplementedError
+
+    def state(self) -> Dict[str, Any]:
+        return {}
+
+    def observe(self, out: StepOutput) -> None:
+        """Called after every optimizer update with its (globally summed) loss statistics."""
+
+    def step_metrics(self) -> Dict[str, Any]:
+        """Extra fields for the metrics record of the step just trained."""
+        return {}
+
+    def evaluate(self, step: int) -> Dict[str, Any]:
+        """Held-out figures at `step` (every rank calls it; may run collectives); {} = none."""
+        return {}
+
+    def close(self) -> None:
+        """End of the attempt on this rank (e.g. print a summary of skipped rows)."""

@@ -1,0 +1,98 @@
+"""Language-modelling job (pretraining and SFT): packed samples from the Ray Data stream,
+token cross-entropy on the targets packing marked.
+
+Pretraining and SFT differ only in the data plan (which documents, which tokens carry loss);
+both take global step s's samples from stream positions [s·B, (s+1)·B) through the global data
+cursor, so a resized or restarted run trains on the same samples at any world size.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Iterator
+
+import numpy as np
+import ray.train
+import torch
+
+from elastic.data.cursor import Cursor
+from elastic.data.documents import BadRows
+from elastic.data.pipeline import DataPlan, GlobalBatches, build_dataset, epochs_needed
+from elastic.train.job import Job, Update, WorkerContext
+from elastic.data.packing import IGNORE
+from elastic.train.step import LossFn, causal_lm_loss, global_sum, label_count, split_micro, to_device
+
+
+class LMJob(Job):
+    state_keys = ("cursor", "bad_rows")
+
+    def start(self, ctx: WorkerContext, state: Dict[str, Any]) -> None:
+        cfg = ctx.cfg
+        self.ctx = ctx
+        self.plan: DataPlan = ctx.config["plan"]
+        self.B = cfg.train.global_batch_size
+        self.micro = cfg.train.micro_batch_size
+        self.per_rank = self.B // ctx.world_size
+        cursor = Cursor.from_dict(state["cursor"]) if "cursor" in state else Cursor()
+        total = cfg.train.steps * self.B
+        plan = self.plan
+
+        def make_dataset(c: Cursor):
+            return build_dataset(plan, c, epochs_needed(plan, c, max(0, total - c.consumed)))
+
+        self.batches = GlobalBatches(ray.train.get_dataset_shard("train"), make_dataset, cursor, self.B, plan.num_shards)
+        self.bad_total = BadRows.from_dict(state.get("bad_rows", {}), keep=plan.report_bad_rows)
+        self._eval_cache = None
+
+    def updates(self, step: int) -> Iterator[Update]:
+        gb = self.batches.next()
+        self.bad_total.merge(self.batches.take_bad_rows())
+        r, n = self.ctx.rank, self.per_rank
+        local = {k: gb[k][r * n:(r + 1) * n] for k in ("tokens", "positions", "doc_ids", "labels")}
+        yield Update(micro_batches=split_micro(local, self.micro), units=label_count(local),
+                     tokens=int(gb["n_real"][r * n:(r + 1) * n].sum()),
+                     sample_ids=gb["sample_id"][r * n:(r + 1) * n].tolist())
+
+    def loss_fn(self) -> LossFn:
+        return causal_lm_loss
+
+    def state(self) -> Dict[str, Any]:
+        return {"cursor": self.batches.cursor.to_dict(), "bad_rows": self.bad_total.to_dict()}
+
+    def step_metrics(self) -> Dict[str, Any]:
+        return {"samples_consumed": self.batches.cursor.consumed, "bad_rows": self.bad_total.total}
+
+    def evaluate(self, step: int) -> Dict[str, Any]:
+        """Held-out loss over a fixed set of packed samples (the first `eval.samples` of the
+        held-out stream), split over ranks; the sum over all of them does not depend on the
+        split. Every rank runs the same number of forward passes (FSDP gathers per forward)."""
+        ev, plan = self.ctx.cfg.eval, self.ctx.config.get("eval_plan")
+        if plan is None or ev.every_steps <= 0 or (step % ev.every_steps and step != self.ctx.cfg.train.steps):
+            return {}
+        rows = self._eval_rows(plan, ev.samples)
+        world, rank, device = self.ctx.world_size, self.ctx.rank, self.ctx.device
+        per_rank = -(-len(rows["tokens"]) // world)
+        mine = {k: v[rank::world] for k, v in rows.items()}
+        pad = per_rank - len(mine["tokens"])
+        if pad:  # dummy rows with no targets keep every rank's forward count equal
+            mine = {k: np.concatenate([v, v[:1].repeat(pad, 0)]) for k, v in mine.items()}
+            mine["labels"][-pad:] = IGNORE
+        loss_sum = 0.0
+        with torch.no_grad():
+            for mb in split_micro(mine, self.micro):
+                loss_sum += float(causal_lm_loss(self.ctx.model, to_device(mb, device)).loss_sum)
+        total, count = global_sum([loss_sum, label_count(mine)], device)
+        val = total / max(count, 1)
+        return {"val_loss": val, "val_ppl": math.exp(min(val, 50.0)), "val_tokens": int(count)}
+
+    def _eval_rows(self, plan: DataPlan, n: int) -> Dict[str, np.ndarray]:
+        if self._eval_cache is None:
+            rows = build_dataset(plan, Cursor(), 1).take(n)
+            if not rows:
+                raise RuntimeError("the held-out data has no samples (eval.source / eval.fraction)")
+            self._eval_cache = {k: np.stack([np.asarray(r[k]) for r in rows]) for k in ("tokens", "positions", "doc_ids", "labels")}
+        return self._eval_cache
+
+    def close(self) -> None:
+        if self.ctx.rank == 0 and self.bad_total.total:
+            print(f"[elastic] {self.bad_total.total} rows skipped or cut {self.bad_total.counts}; first: {self.bad_total.examples}")
