@@ -188,6 +188,12 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(m.preset in PRESETS, "model.preset", f"unknown preset {m.preset!r} (known: {', '.join(PRESETS)})")
     _check(m.attention in ATTENTION_BACKENDS, "model.attention", f"must be one of {'|'.join(ATTENTION_BACKENDS)}, got {m.attention!r}")
     dims = resolved_model_dims(cfg)
+    if m.init_from and d.tokenizer:
+        from elastic.config.init_from import resolve_init_from
+
+        own = resolve_init_from(m.init_from).tokenizer
+        _check(os.path.realpath(d.tokenizer) == os.path.realpath(own), "data.tokenizer",
+               f"{d.tokenizer} differs from the tokenizer that comes with model.init_from ({own}); leave data.tokenizer empty")
     _check(dims["dim"] % dims["n_heads"] == 0, "model.n_heads", f"dim {dims['dim']} is not divisible by n_heads {dims['n_heads']}")
     _check(dims["n_heads"] % dims["n_kv_heads"] == 0, "model.n_kv_heads", f"n_heads {dims['n_heads']} is not divisible by n_kv_heads {dims['n_kv_heads']}")
     _check((dims["dim"] // dims["n_heads"]) % 2 == 0, "model.n_heads", "head dim must be even for RoPE")
@@ -319,10 +325,17 @@ def _valid_step_range(spec: str) -> bool:
 
 
 def resolved_model_dims(cfg: Config) -> Dict[str, Any]:
-    """The preset's sizes with every explicitly set model field applied on top."""
+    """ModelArgs fields: the preset's sizes with every explicitly set model field applied on
+    top; or, with `model.init_from`, the source's sizes and vocabulary (an explicit field
+    that disagrees is a ConfigError). max_seq_len is data.seq_len either way."""
     from elastic.config.presets import PRESETS
 
+    if cfg.model.init_from:
+        from elastic.config.init_from import init_from_dims
+
+        return init_from_dims(cfg)
     dims = dict(PRESETS[cfg.model.preset])
+    dims.setdefault("qkv_bias", False)
     for f in dataclasses.fields(cfg.model):
         v = getattr(cfg.model, f.name)
         if f.name in dims and v is not None:
@@ -330,6 +343,18 @@ def resolved_model_dims(cfg: Config) -> Dict[str, Any]:
     dims["vocab_size"] = cfg.data.vocab_size
     dims["max_seq_len"] = cfg.data.seq_len
     return dims
+
+
+def resolved_tokenizer(cfg: Config) -> str:
+    """The tokenizer.json a run uses: `data.tokenizer`, else the one that comes with
+    `model.init_from`, else "" (train a BPE on the corpus and save it with the run)."""
+    if cfg.data.tokenizer:
+        return cfg.data.tokenizer
+    if cfg.model.init_from:
+        from elastic.config.init_from import resolve_init_from
+
+        return resolve_init_from(cfg.model.init_from).tokenizer
+    return ""
 
 
 def run_dir(cfg: Config) -> str:

@@ -62,6 +62,11 @@ class ModelSection:
     """Llama-style decoder. `preset` picks the sizes; any field set here overrides it."""
 
     preset: str = "tiny"
+    # Start from existing weights: a Hugging Face LlamaForCausalLM / Qwen2ForCausalLM directory
+    # (config.json, *.safetensors, tokenizer.json) or one of our checkpoints (<run>/step_N).
+    # The sizes, vocabulary and tokenizer then come from it: `preset` and `data.vocab_size`
+    # are ignored, and a size field set here must agree with it (else a config error).
+    init_from: str = ""
     dim: Optional[int] = None
     n_layers: Optional[int] = None
     n_heads: Optional[int] = None
@@ -70,6 +75,8 @@ class ModelSection:
     tie_embeddings: Optional[bool] = None
     rope_theta: Optional[float] = None
     norm_eps: Optional[float] = None
+    # Biases on the q/k/v projections (Qwen2 has them; presets do not).
+    qkv_bias: Optional[bool] = None
     # auto | flash_varlen | torch_varlen | flex | sdpa_mask | sdpa_loop
     attention: str = "auto"
 
