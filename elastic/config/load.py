@@ -70,6 +70,11 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise ConfigError(f"{key}: expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, str):
@@ -221,8 +226,9 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(s.worker_group_start_timeout_s > 0, "scaling.worker_group_start_timeout_s", "must be > 0")
     _check(s.elastic_resize_monitor_interval_s > 0, "scaling.elastic_resize_monitor_interval_s", "must be > 0")
     _check(s.resource_wait_s >= 0, "scaling.resource_wait_s", f"must be >= 0, got {s.resource_wait_s}")
-    # Every world size the run may take must split the global batch into whole micro-batches.
-    for w in range(s.min_workers, s.max_workers + 1):
+    # Every world size the run may take must split the global batch into whole micro-batches
+    # (GRPO batches by rollouts instead: rl.prompts_per_step x rl.group_size, checked below).
+    for w in (range(s.min_workers, s.max_workers + 1) if job != "grpo" else ()):
         per = t.global_batch_size / w
         _check(
             t.global_batch_size % w == 0 and (t.global_batch_size // w) % t.micro_batch_size == 0,

@@ -298,11 +298,18 @@ class GlobalBatches:
                 self.continuations += 1
                 self._it = self._batches(self.make_dataset(self._pulled))
                 self._checked_start = True
+                self._rows_in_stream = 0
             try:
                 chunk = next(self._it)
             except StopIteration:
                 self._it = None
+                if getattr(self, "_rows_in_stream", 1) == 0:
+                    # A whole stream (at least one full epoch) without a sample: waiting longer
+                    # would loop forever.
+                    raise RuntimeError("data: a full pass over the data produced no samples (every row malformed, "
+                                       "or every conversation too long for data.seq_len with nothing left to learn)")
                 continue
+            self._rows_in_stream = getattr(self, "_rows_in_stream", 0) + len(chunk["sample_id"])
             if not self._checked_start:
                 chunk = self._align_start(chunk)
                 if chunk is None:

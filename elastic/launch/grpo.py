@@ -9,29 +9,27 @@ any worker starts.
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Optional, TextIO
 
 from elastic.config import Config, ConfigError
+from elastic.config.load import resolved_tokenizer
 from elastic.data.chat import ChatFormat
 from elastic.data.sources import DataError
 from elastic.data.tokenizer import load_or_train
+from elastic.launch.data_plans import keep_tokenizer
 from elastic.launch.pretrain import JobLaunch, PretrainResult, RunPaths, build_torch_trainer, run_job
 
 
 def policy_tokenizer(cfg: Config) -> str:
-    """The tokenizer.json of the starting policy: `data.tokenizer` if set, else the one next to
-    `model.init_from` (our run directory for `<run>/step_N`, or the Hugging Face directory)."""
-    if cfg.data.tokenizer:
-        return cfg.data.tokenizer
-    src = cfg.model.init_from
-    if not src:
+    """The tokenizer.json of the starting policy (the one that comes with `model.init_from`:
+    our run directory for `<run>/step_N`, or the Hugging Face directory)."""
+    if not cfg.model.init_from:
         raise ConfigError("model.init_from: GRPO starts from a trained policy (an SFT checkpoint <run>/step_N "
                           "or a Hugging Face directory); jobs/grpo.py runs the default SFT first when it is empty")
-    for cand in (os.path.join(src, "tokenizer.json"), os.path.join(os.path.dirname(os.path.abspath(src)), "tokenizer.json")):
-        if os.path.isfile(cand):
-            return cand
-    raise DataError(f"model.init_from {src}: no tokenizer.json in it or in its run directory (set data.tokenizer)")
+    path = resolved_tokenizer(cfg)
+    if not path or not os.path.isfile(path):
+        raise DataError(f"model.init_from {cfg.model.init_from}: no tokenizer.json with it (set data.tokenizer)")
+    return path
 
 
 def reward_service_name(cfg: Config) -> str:
@@ -43,13 +41,14 @@ class GRPOLaunch(JobLaunch):
         from elastic.reward.problems import load_problems
         from elastic.rl.split import split_problems
 
+        from elastic.model.hf import check_init_from
+
         self.problems = load_problems(cfg.rl.problems)  # ProblemError: one line naming the file and field
         self.split = split_problems(self.problems, cfg.rl.heldout, where=cfg.rl.problems)
         tok_path = policy_tokenizer(cfg)
+        check_init_from(cfg)  # names and shapes from headers/metadata: one line, before any worker
         self.tok = load_or_train(tok_path, "", [], cfg.data.vocab_size)
-        run_tok = os.path.join(paths.local_dir, "tokenizer.json")
-        if os.path.abspath(tok_path) != os.path.abspath(run_tok):  # the run carries its tokenizer (export, reports)
-            shutil.copyfile(tok_path, run_tok)
+        keep_tokenizer(tok_path, paths.local_dir)  # the run carries its tokenizer (export, reports)
         self.chat = ChatFormat(chat_template=None if cfg.sft.template == "builtin" else self.tok.chat_template,
                                eos_token=self.tok.eos_token, bos_token=self.tok.bos_token)
         self.cfg = cfg

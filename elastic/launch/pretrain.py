@@ -217,6 +217,10 @@ class LMLaunch(JobLaunch):
         self.kind = kind
 
     def plan(self, cfg: Config, paths: RunPaths, say) -> None:
+        if cfg.model.init_from:
+            from elastic.model.hf import check_init_from
+
+            check_init_from(cfg)  # names and shapes from headers/metadata: one line, before any worker
         self.data = plan_data(cfg, paths, self.kind)
 
     def describe(self) -> list:
