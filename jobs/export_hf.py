@@ -1,9 +1,12 @@
 """Export one of our checkpoints as a Hugging Face model directory:
-`python jobs/export_hf.py --checkpoint <run>/step_N --out <dir> [--dtype bf16] [--max-shard-size 5GB]`.
+`python jobs/export_hf.py --checkpoint <run>/step_N --out <dir> [--dtype bf16] [--max-shard-size 5GB] [--merge-lora | --peft]`.
 
 The result loads with `transformers.AutoModelForCausalLM.from_pretrained(<dir>)` (Llama, or
 Qwen2 when the model has q/k/v biases) and `AutoTokenizer.from_pretrained(<dir>)`. Runs in
 one process with no Ray and no process group; the checkpoint may come from any world size.
+A LoRA checkpoint (adapters only) exports either merged into its base (`--merge-lora`: a full
+model, as above) or as a PEFT adapter directory (`--peft`: `adapter_config.json` and
+`adapter_model.safetensors`, for `peft.PeftModel.from_pretrained(base_model, <dir>)`).
 """
 
 from __future__ import annotations
@@ -24,15 +27,23 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", choices=("fp32", "bf16", "fp16", "checkpoint"), default="checkpoint",
                     help="dtype of the exported weights (default: the checkpoint's own, fp32)")
     ap.add_argument("--max-shard-size", default="5GB", help="split weights into shards of at most this size (default 5GB)")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--merge-lora", action="store_true",
+                      help="LoRA checkpoint: merge the adapters into the base, W + (alpha/r)·B·A, and export the full model")
+    mode.add_argument("--peft", action="store_true", help="LoRA checkpoint: write a PEFT adapter directory instead")
     args = ap.parse_args(argv)
 
     import torch
 
-    from elastic.model.hf import export_checkpoint, parse_size
+    from elastic.model.hf import export_checkpoint, export_peft, parse_size
 
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "checkpoint": None}[args.dtype]
     try:
-        files = export_checkpoint(args.checkpoint, args.out, dtype=dtype, max_shard_bytes=parse_size(args.max_shard_size))
+        if args.peft:
+            files = export_peft(args.checkpoint, args.out, dtype=dtype)
+        else:
+            files = export_checkpoint(args.checkpoint, args.out, dtype=dtype, max_shard_bytes=parse_size(args.max_shard_size),
+                                      merge_lora=args.merge_lora)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -263,6 +263,8 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(r.compile_time_limit_s > 0, "reward.compile_time_limit_s", f"must be > 0, got {r.compile_time_limit_s}")
     _check(r.instructions_time_limit_s > 0, "reward.instructions_time_limit_s", f"must be > 0, got {r.instructions_time_limit_s}")
     _validate_rl(cfg)
+    _validate_lora(cfg)
+    _validate_dpo(cfg)
     if job == "grpo":
         _validate_rl_world_sizes(cfg)
 
@@ -300,6 +302,38 @@ def _validate_rl(cfg: Config) -> None:
         _check(1 <= rl.overlong_buffer <= rl.max_new_tokens, "rl.overlong_buffer",
                f"must be in [1, rl.max_new_tokens={rl.max_new_tokens}] when rl.overlong_penalty={rl.overlong_penalty} "
                f"(the penalty ramps over the last overlong_buffer tokens), got {rl.overlong_buffer}")
+
+
+LORA_TARGETS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")  # elastic/model/lora.py TARGETS (checked in tests)
+DPO_LOSSES = ("sigmoid", "ipo")
+
+
+def _validate_lora(cfg: Config) -> None:
+    lo = cfg.model.lora
+    _check(lo.rank >= 0, "model.lora.rank", f"must be >= 0 (0 = no adapters), got {lo.rank}")
+    _check(lo.alpha > 0, "model.lora.alpha", f"must be > 0, got {lo.alpha}")
+    _check(0 <= lo.dropout < 1, "model.lora.dropout", f"must be in [0, 1), got {lo.dropout}")
+    _check(bool(lo.targets), "model.lora.targets", f"must name at least one of {', '.join(LORA_TARGETS)}")
+    for i, t in enumerate(lo.targets):
+        _check(t in LORA_TARGETS, f"model.lora.targets[{i}]", f"unknown layer {t!r} (known: {', '.join(LORA_TARGETS)})")
+    dup = sorted({t for t in lo.targets if lo.targets.count(t) > 1})
+    _check(not dup, "model.lora.targets", f"lists {', '.join(dup)} more than once")
+
+
+def _validate_dpo(cfg: Config) -> None:
+    d = cfg.dpo
+    _check(d.loss_type in DPO_LOSSES, "dpo.loss_type", f"must be one of {'|'.join(DPO_LOSSES)}, got {d.loss_type!r}")
+    _check(d.beta > 0, "dpo.beta", f"must be > 0, got {d.beta}")
+    _check(0 <= d.label_smoothing < 0.5, "dpo.label_smoothing", f"must be in [0, 0.5) (the probability a label is flipped), got {d.label_smoothing}")
+    _check(d.label_smoothing == 0 or d.loss_type == "sigmoid", "dpo.label_smoothing",
+           f"applies to dpo.loss_type=sigmoid (cDPO), not {d.loss_type}; set it to 0")
+    _check(d.reference in ("model", "precomputed"), "dpo.reference", f"must be model|precomputed, got {d.reference!r}")
+    for k in ("prompt_field", "chosen_field", "rejected_field"):
+        _check(bool(getattr(d, k)), f"dpo.{k}", "must be a non-empty field name")
+    _check(d.overlong in ("truncate", "skip"), "dpo.overlong", f"must be truncate|skip, got {d.overlong!r}")
+    _check(bool(d.code_opt_rejected), "dpo.code_opt_rejected", "must name wrong and/or reference")
+    for i, r in enumerate(d.code_opt_rejected):
+        _check(r in ("wrong", "reference"), f"dpo.code_opt_rejected[{i}]", f"must be wrong or reference, got {r!r}")
 
 
 def _validate_rl_world_sizes(cfg: Config) -> None:

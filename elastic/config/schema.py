@@ -58,6 +58,21 @@ class DataSection:
 
 
 @dataclass
+class LoRASection:
+    """Low-rank adapters (elastic/model/lora.py), PEFT's LoRA: W x + (alpha / rank) B A x on the
+    `targets` projections. The base weights (`model.init_from`) are frozen; only A and B train and
+    only they are checkpointed (the base is referenced by path and content hash). rank 0 = off."""
+
+    rank: int = 0
+    alpha: float = 16.0
+    # Dropout on the adapter's input (training only). Its random draws depend on how the batch is
+    # split, so a run with dropout > 0 is not bit-exact across world sizes; 0 keeps it exact.
+    dropout: float = 0.0
+    # Which linear layers get adapters: wq wk wv wo (attention), w1 w2 w3 (SwiGLU MLP).
+    targets: List[str] = field(default_factory=lambda: ["wq", "wk", "wv", "wo", "w1", "w2", "w3"])
+
+
+@dataclass
 class ModelSection:
     """Llama-style decoder. `preset` picks the sizes; any field set here overrides it."""
 
@@ -79,6 +94,8 @@ class ModelSection:
     qkv_bias: Optional[bool] = None
     # auto | flash_varlen | torch_varlen | flex | sdpa_mask | sdpa_loop
     attention: str = "auto"
+    # LoRA adapters for SFT, DPO and GRPO (needs model.init_from: the frozen base).
+    lora: LoRASection = field(default_factory=LoRASection)
 
 
 @dataclass
@@ -275,6 +292,33 @@ class RLSection:
 
 
 @dataclass
+class DPOSection:
+    """Direct preference optimisation (jobs/dpo.py, elastic/rl/dpo.py). Rows: `prompt`, `chosen`,
+    `rejected` (text, or message lists; see elastic/data/preference.py). One step trains on
+    train.global_batch_size pairs, train.micro_batch_size pairs per forward."""
+
+    # Loss on h = [log pi(y_w|x) - log pi_ref(y_w|x)] - [log pi(y_l|x) - log pi_ref(y_l|x)]:
+    # sigmoid: -log sigmoid(beta h) (DPO; with label_smoothing e: cDPO, -(1-e) log sigmoid(beta h)
+    # - e log sigmoid(-beta h)); ipo: (h - 1/(2 beta))^2 with length-averaged log-probabilities.
+    loss_type: str = "sigmoid"
+    beta: float = 0.1
+    label_smoothing: float = 0.0
+    # model: a frozen reference model sharded like the policy (under model.lora: the policy with
+    # its adapters disabled, no second copy); precomputed: reference log-probs of every pair
+    # computed once with Ray Data before training and stored with the run (<run>/dpo/).
+    reference: str = "model"
+    prompt_field: str = "prompt"
+    chosen_field: str = "chosen"
+    rejected_field: str = "rejected"
+    # A pair whose prompt + longer response exceeds data.seq_len: truncate the responses (the
+    # cut ends are not scored) or skip it. Both are counted with the bad rows.
+    overlong: str = "truncate"
+    # data.source: code-opt builds pairs from the problems (chosen = solutions/fast); rejected is
+    # each of these that exists: "wrong" (solutions/wrong) and/or "reference" (the slow reference).
+    code_opt_rejected: List[str] = field(default_factory=lambda: ["wrong", "reference"])
+
+
+@dataclass
 class Config:
     run: RunSection = field(default_factory=RunSection)
     data: DataSection = field(default_factory=DataSection)
@@ -287,6 +331,7 @@ class Config:
     wandb: WandbSection = field(default_factory=WandbSection)
     reward: RewardSection = field(default_factory=RewardSection)
     rl: RLSection = field(default_factory=RLSection)
+    dpo: DPOSection = field(default_factory=DPOSection)
 
 
 SECTIONS: List[str] = list(Config.__dataclass_fields__)

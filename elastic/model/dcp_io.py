@@ -31,9 +31,13 @@ def model_tensor_specs(step_dir: str) -> Dict[str, Tuple[Tuple[int, ...], torch.
             if k.startswith(PREFIX) and isinstance(m, TensorStorageMetadata)}
 
 
-def read_model_state(step_dir: str) -> Dict[str, torch.Tensor]:
-    """Full model tensors (our FQNs, as `Transformer.state_dict()` names them) on CPU."""
-    sd = {k: torch.empty(shape, dtype=dt) for k, (shape, dt) in model_tensor_specs(step_dir).items()}
+def read_model_state(step_dir: str, adapters_only: bool = False) -> Dict[str, torch.Tensor]:
+    """Full model tensors (our FQNs, as `Transformer.state_dict()` names them) on CPU; with
+    `adapters_only`, just the LoRA adapter tensors (`*.lora_A`, `*.lora_B`)."""
+    from elastic.model.lora import is_adapter_key
+
+    sd = {k: torch.empty(shape, dtype=dt) for k, (shape, dt) in model_tensor_specs(step_dir).items()
+          if not adapters_only or is_adapter_key(k)}
     with warnings.catch_warnings():  # "torch.distributed is disabled ... single process": intended
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load({"model": sd}, storage_reader=FileSystemReader(step_dir), no_dist=True)

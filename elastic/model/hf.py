@@ -189,25 +189,83 @@ def load_state_into(model: Transformer, state: Dict[str, torch.Tensor]) -> None:
             model.get_parameter(name).copy_(t)
 
 
+def lora_info(step_dir: str) -> Optional[Dict[str, Any]]:
+    """The `lora` record of one of our checkpoints (base path or `seed:N`, base hash, rank,
+    alpha, targets), or None for a full checkpoint. A LoRA checkpoint holds adapters only."""
+    path = os.path.join(step_dir, "train_state.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get("lora") or None
+
+
+def _seeded_state(args: ModelArgs, seed: int) -> Dict[str, torch.Tensor]:
+    """The base a LoRA run drew from `run.seed` (Transformer.init_weights, same draws)."""
+    model = Transformer(args)
+    model.init_weights(seed=seed)
+    state = {k: v for k, v in model.state_dict().items()}
+    if args.tie_embeddings:
+        state.pop("output.weight", None)
+    return state
+
+
+def base_state(base: str, args: ModelArgs) -> Dict[str, torch.Tensor]:
+    """Full weights of a LoRA record's `base`: an HF directory, one of our checkpoints (itself
+    possibly LoRA: merged), or `seed:N`."""
+    if base.startswith("seed:"):
+        return _seeded_state(args, int(base[len("seed:"):]))
+    if os.path.isfile(os.path.join(base, "train_state.json")):
+        return checkpoint_state(base, args)
+    return load_hf_state_dict(base, args)
+
+
+def checkpoint_state(step_dir: str, args: ModelArgs, merge_lora: bool = True) -> Dict[str, torch.Tensor]:
+    """Our FQN → full tensor for one of our checkpoints. A LoRA checkpoint is merged into its
+    base (`merge_lora`), or returned as base + adapter tensors (`merge_lora=False`)."""
+    from elastic.model.dcp_io import read_model_state
+
+    info = lora_info(step_dir)
+    state = read_model_state(step_dir, adapters_only=info is not None)
+    if info is not None:
+        from elastic.model.lora import LoRAConfig, merge_state
+
+        base = base_state(info["base"], args)
+        state = merge_state(base, state, LoRAConfig.from_section(info).scaling) if merge_lora else {**base, **state}
+    if args.tie_embeddings:
+        state.pop("output.weight", None)
+    return state
+
+
 def from_pretrained(path: str, device: str | torch.device = "cpu", dtype: Optional[torch.dtype] = None,
-                    attention_backend: str = "sdpa_mask") -> Transformer:
+                    attention_backend: str = "sdpa_mask", merge_lora: bool = True) -> Transformer:
     """A Transformer with the weights of an HF directory or of one of our `step_N` checkpoints.
 
-    Built on the meta device and materialised once, so no random init is paid for."""
+    A LoRA checkpoint gives its base with the adapters merged in, or (`merge_lora=False`) the
+    base with the adapters as LoRALinear layers (elastic/model/lora.py). Built on the meta
+    device and materialised once, so no random init is paid for."""
+    lora = None
     if os.path.isfile(os.path.join(path, "train_state.json")):
         from elastic.config.init_from import resolve_init_from
-        from elastic.model.dcp_io import read_model_state
 
         args = ModelArgs(**resolve_init_from(path, key="checkpoint").dims)
-        state = read_model_state(path)
-        if args.tie_embeddings:
-            state.pop("output.weight", None)
-        _check_state(state, args, path)
+        state = checkpoint_state(path, args, merge_lora)
+        info = lora_info(path)
+        if info is not None and not merge_lora:
+            from elastic.model.lora import LoRAConfig
+
+            lora = LoRAConfig.from_section(info)
+        from elastic.model.lora import is_adapter_key
+
+        _check_state({k: v for k, v in state.items() if not is_adapter_key(k)}, args, path)
     else:
         args = ModelArgs(**read_hf_dims(path))
         state = load_hf_state_dict(path, args)
     with torch.device("meta"):
         model = Transformer(args, attention_backend=attention_backend)
+        if lora is not None:
+            from elastic.model.lora import apply_lora
+
+            apply_lora(model, lora)
     model.to_empty(device=device)
     model.tie_weights()
     load_state_into(model, state)
@@ -238,16 +296,45 @@ def check_init_from(cfg) -> None:
         except ConfigError as e:
             raise ConfigError(f"model.init_from: {e}") from None
         return
-    from elastic.model.dcp_io import model_tensor_specs
+    _check_checkpoint(src.path, src.config_path, args)
 
-    specs = model_tensor_specs(src.path)
+
+def _check_checkpoint(path: str, config_path: str, args: ModelArgs) -> None:
+    """Our checkpoint's tensors against `args`, from `.metadata` alone. A LoRA checkpoint:
+    its adapters here, its base where the record points (recursively)."""
+    from elastic.model.dcp_io import model_tensor_specs
+    from elastic.model.lora import adapter_pairs, is_adapter_key
+
+    specs = model_tensor_specs(path)
     shapes = expected_shapes(args)
+    info = lora_info(path)
+    if info is not None:
+        base = info.get("base", "")
+        if not base.startswith("seed:"):
+            if not os.path.isdir(base):
+                raise ConfigError(f"model.init_from: {path} holds LoRA adapters for the base {base}, which does not exist")
+            if os.path.isfile(os.path.join(base, "train_state.json")):
+                _check_checkpoint(base, config_path, args)
+            else:
+                try:
+                    check_hf_dir(base, args)
+                except ConfigError as e:
+                    raise ConfigError(f"model.init_from: {path}: its LoRA base: {e}") from None
+        fake = {k: torch.empty(0) for k in specs if is_adapter_key(k)}
+        try:
+            pairs = adapter_pairs(fake)
+        except ValueError as e:
+            raise ConfigError(f"model.init_from: {path}: {e}") from None
+        for wname in pairs:
+            if wname not in shapes:
+                raise ConfigError(f"model.init_from: {path}: adapter for {wname}, which the model does not have")
+        return
     for name, want in shapes.items():
         if name not in specs:
-            raise ConfigError(f"model.init_from: {src.path}: missing tensor model.{name}")
+            raise ConfigError(f"model.init_from: {path}: missing tensor model.{name}")
         if specs[name][0] != want:
-            raise ConfigError(f"model.init_from: {src.path}: tensor model.{name} has shape {list(specs[name][0])}, "
-                              f"{src.config_path} implies {list(want)}")
+            raise ConfigError(f"model.init_from: {path}: tensor model.{name} has shape {list(specs[name][0])}, "
+                              f"{config_path} implies {list(want)}")
 
 
 # ------------------------------------------------------------------------------------ out
@@ -380,24 +467,59 @@ def save_hf(state: Dict[str, torch.Tensor], args: ModelArgs, out_dir: str, token
     return files + ["config.json", "generation_config.json"] + [f for f in _TOKENIZER_FILES if os.path.isfile(os.path.join(out_dir, f))]
 
 
-def export_checkpoint(step_dir: str, out_dir: str, dtype: Optional[torch.dtype] = None,
-                      max_shard_bytes: int = MAX_SHARD_BYTES, key: str = "--checkpoint") -> List[str]:
-    """One of our DCP checkpoints (`<run>/step_N`) → an HF directory. Read in one process,
-    without a process group; the bytes written do not depend on the world size that saved it.
-    Errors are one-line ConfigErrors starting with `key`."""
+def _our_checkpoint(step_dir: str, key: str):
     from elastic.config.init_from import resolve_init_from
-    from elastic.model.dcp_io import read_model_state
 
     if not os.path.isdir(step_dir):
         raise ConfigError(f"{key}: {step_dir}: no such directory")
     if not os.path.isfile(os.path.join(step_dir, "train_state.json")):
         raise ConfigError(f"{key}: {step_dir}: not one of our checkpoints (no train_state.json)")
-    src = resolve_init_from(step_dir, key=key)
+    return resolve_init_from(step_dir, key=key)
+
+
+def export_checkpoint(step_dir: str, out_dir: str, dtype: Optional[torch.dtype] = None,
+                      max_shard_bytes: int = MAX_SHARD_BYTES, key: str = "--checkpoint",
+                      merge_lora: bool = False) -> List[str]:
+    """One of our DCP checkpoints (`<run>/step_N`) → an HF directory. Read in one process,
+    without a process group; the bytes written do not depend on the world size that saved it.
+    A LoRA checkpoint (adapters only) needs `merge_lora`: its base with W + (alpha/r)·B·A.
+    Errors are one-line ConfigErrors starting with `key`."""
+    src = _our_checkpoint(step_dir, key)
     args = ModelArgs(**src.dims)
-    state = read_model_state(step_dir)
-    if args.tie_embeddings:
-        state.pop("output.weight", None)
+    info = lora_info(step_dir)
+    if info is not None and not merge_lora:
+        raise ConfigError(f"{key}: {step_dir} holds LoRA adapters only (base {info.get('base')}): pass --merge-lora "
+                          "for a full model, or --peft for a PEFT adapter directory")
+    if info is not None and not info.get("base", "").startswith("seed:") and not os.path.exists(info["base"]):
+        raise ConfigError(f"{key}: {step_dir}: its LoRA base {info['base']} does not exist")
+    state = checkpoint_state(step_dir, args, merge_lora=True)
     return save_hf(state, args, out_dir, src.tokenizer, dtype, max_shard_bytes)
+
+
+PEFT_CONFIG, PEFT_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"
+
+
+def export_peft(step_dir: str, out_dir: str, dtype: Optional[torch.dtype] = None, key: str = "--checkpoint") -> List[str]:
+    """A LoRA checkpoint → a PEFT adapter directory (`adapter_config.json`,
+    `adapter_model.safetensors`) that `peft.PeftModel.from_pretrained(base, out_dir)` loads on
+    the Hugging Face form of the base (the base directory itself when it is one; else export it
+    with jobs/export_hf.py). `base_model_name_or_path` records the base as trained."""
+    from safetensors.torch import save_file
+
+    from elastic.model.dcp_io import read_model_state
+    from elastic.model.lora import LoRAConfig, peft_config, peft_state
+
+    _our_checkpoint(step_dir, key)
+    info = lora_info(step_dir)
+    if info is None:
+        raise ConfigError(f"{key}: {step_dir} is a full checkpoint, not LoRA adapters (export it without --peft)")
+    tensors = peft_state(read_model_state(step_dir, adapters_only=True))
+    if dtype is not None:
+        tensors = {k: v.to(dtype) for k, v in tensors.items()}
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(tensors, os.path.join(out_dir, PEFT_WEIGHTS), metadata={"format": "pt"})
+    _write_json(os.path.join(out_dir, PEFT_CONFIG), peft_config(LoRAConfig.from_section(info), info["base"]))
+    return [PEFT_WEIGHTS, PEFT_CONFIG]
 
 
 def parse_size(text: str) -> int:

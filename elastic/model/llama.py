@@ -159,6 +159,8 @@ class Transformer(nn.Module):
         std = 0.02
         assign = assign or (lambda p, v: p.copy_(v))
         for name, p in self.named_parameters():
+            if name.endswith((".lora_A", ".lora_B")):
+                continue  # adapters (elastic/model/lora.py) have their own init: the base draws stay the same
             if name.endswith(".bias"):
                 full = torch.zeros(p.shape)
             elif p.dim() == 1:

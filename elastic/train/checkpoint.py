@@ -33,10 +33,13 @@ def checkpoint_dir_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def save_local(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_state: Dict[str, Any]) -> str:
-    """Write this rank's part of the checkpoint into a fresh local temp dir; return it."""
+def save_local(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_state: Dict[str, Any],
+               trainable_only: bool = False) -> str:
+    """Write this rank's part of the checkpoint into a fresh local temp dir; return it.
+    `trainable_only` (LoRA): the frozen base is left out, only adapters and their optimizer
+    state are written (the base is referenced in train_state.json by path and hash)."""
     out = tempfile.mkdtemp(prefix="elastic-ckpt-")
-    msd, osd = get_state_dict(model, optimizer)
+    msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=trainable_only))
     dcp.save({"model": msd, "optim": osd}, checkpoint_id=out)
     _maybe_inject_delay(int(train_state.get("step", -1)))
     if dist.get_rank() == 0:
@@ -61,15 +64,29 @@ def _maybe_inject_delay(step: int) -> None:
         time.sleep(float(kv.get("seconds", 30)))
 
 
-def load(path: str, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer]) -> Dict[str, Any]:
-    """Load model (+ optimizer) state from a checkpoint directory at any world size."""
-    msd, osd = get_state_dict(model, optimizer) if optimizer is not None else (get_state_dict(model, [])[0], None)
-    state = {"model": msd} if optimizer is None else {"model": msd, "optim": osd}
+def load(path: str, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer],
+         trainable_only: bool = False) -> Dict[str, Any]:
+    """Load model (+ optimizer) state from a checkpoint directory at any world size.
+
+    `trainable_only` (resuming a LoRA run): only the adapters and the optimizer are read; the
+    frozen base was loaded from its own source. Without an optimizer (`model.init_from`), the
+    model's adapter tensors, if any, are not read: a new run's adapters start fresh."""
+    from elastic.model.lora import is_adapter_key
+
+    opts = StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+    if optimizer is not None:
+        msd, osd = get_state_dict(model, optimizer, options=opts)
+        state = {"model": msd, "optim": osd}
+    else:
+        msd = get_state_dict(model, [])[0]
+        adapters = any(is_adapter_key(k) for k in msd)
+        state = {"model": {k: v for k, v in msd.items() if not is_adapter_key(k)}}
+        opts = StateDictOptions(strict=not adapters)
     dcp.load(state, checkpoint_id=path)
     if optimizer is None:
-        set_state_dict(model, [], model_state_dict=state["model"], optim_state_dict={}, options=StateDictOptions(strict=True))
+        set_state_dict(model, [], model_state_dict=state["model"], optim_state_dict={}, options=opts)
     else:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=opts)
     return read_train_state(path)
 
 
@@ -149,9 +166,10 @@ class Checkpointer:
     Restore order: the checkpoint Ray Train hands this worker group (a restart or a resumed
     run), else nothing (the caller then initialises weights, e.g. from `model.init_from`)."""
 
-    def __init__(self, every_steps: int, job_keys: Tuple[str, ...]):
+    def __init__(self, every_steps: int, job_keys: Tuple[str, ...], trainable_only: bool = False):
         self.every_steps = every_steps
         self.job_keys = job_keys
+        self.trainable_only = trainable_only  # LoRA: adapters (+ their optimizer state) only
         self.resumed_from: Optional[str] = None
 
     def due(self, step: int, last: bool) -> bool:
@@ -165,7 +183,7 @@ class Checkpointer:
         if ckpt is None:
             return None
         with ckpt.as_directory() as d:
-            raw = load(d, model, optimizer)
+            raw = load(d, model, optimizer, self.trainable_only)
         self.resumed_from = ckpt.path
         return TrainState.from_json(raw, self.job_keys)
 
@@ -177,7 +195,7 @@ class Checkpointer:
 
         t0 = time.perf_counter()
         state.time = time.time()
-        d = save_local(model, optimizer, state.to_json())
+        d = save_local(model, optimizer, state.to_json(), self.trainable_only)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d),
                          checkpoint_dir_name=checkpoint_dir_name(state.step))
         cleanup_local(d)

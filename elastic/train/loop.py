@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 import ray.train
 import torch
@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from elastic.config import from_dict, resolved_model_dims
 from elastic.model import ModelArgs, Transformer, choose_backend, flops_per_token
+from elastic.model.lora import LoRAConfig, apply_lora, init_adapters
 from elastic.records import EVENTS, LEDGER, METRICS, append_record
 from elastic.train.checkpoint import Checkpointer, TrainState
 from elastic.train.guard import StabilityGuard
@@ -44,14 +45,25 @@ def resolve_param_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+def lora_of(cfg) -> Optional[LoRAConfig]:
+    """The run's adapters (`model.lora`), or None for full fine-tuning."""
+    return LoRAConfig.from_section(cfg.model.lora)
+
+
 def build_model(cfg, device: torch.device) -> tuple[Transformer, ModelArgs, str]:
     """Deterministic full init of an unsharded model on the host, then to device (tests and
-    single-process tools; workers use `build_sharded_model`)."""
+    single-process tools; workers use `build_sharded_model`). With `model.lora`, adapters are
+    added (seeded, B = 0) and the base is frozen."""
     dims = resolved_model_dims(cfg)
     args = ModelArgs(**dims)
     backend = choose_backend(cfg.model.attention, device)
     model = Transformer(args, attention_backend=backend)
+    lora = lora_of(cfg)
+    if lora is not None:
+        apply_lora(model, lora)
     model.init_weights(seed=cfg.run.seed)
+    if lora is not None:
+        init_adapters(model, seed=cfg.run.seed)
     return model.to(device), args, backend
 
 
@@ -77,11 +89,31 @@ def build_sharded_model(cfg, device: torch.device, param_dtype: torch.dtype) -> 
     backend = choose_backend(cfg.model.attention, device)
     with torch.device("meta"):
         model = Transformer(args, attention_backend=backend)
+    lora = lora_of(cfg)
+    if lora is not None:  # before FSDP wraps the blocks: adapters are parameters of their block
+        apply_lora(model, lora)
+        if param_dtype != torch.float32:
+            # The frozen base is stored in the compute dtype (e.g. bf16 on GPU): half the memory of
+            # fp32 shards, and it never takes an optimizer step. Adapters stay fp32 (trainable).
+            for p in model.parameters():
+                if not p.requires_grad:
+                    p.data = p.data.to(param_dtype)
     model = parallelize(model, device, param_dtype, cfg.train.activation_checkpointing)
     model.to_empty(device=device)
     model.init_buffers()
     model.init_weights(seed=cfg.run.seed, assign=_assign_shard)
+    if lora is not None:
+        init_adapters(model, seed=cfg.run.seed, assign=_assign_shard)
     return model, args, backend
+
+
+def lora_reference(cfg) -> Dict[str, Any]:
+    """What a LoRA checkpoint's adapters apply to, as recorded in its train_state.json: the base
+    (`model.init_from`, absolute; or `seed:N` for a seeded base) and the adapter settings. The
+    driver adds the base's content hash (elastic/launch/lora_base.py)."""
+    lo = cfg.model.lora
+    base = os.path.abspath(cfg.model.init_from) if cfg.model.init_from else f"seed:{cfg.run.seed}"
+    return {"base": base, "rank": lo.rank, "alpha": lo.alpha, "dropout": lo.dropout, "targets": list(lo.targets)}
 
 
 def job_state_keys(make_job: Callable[[], Job]) -> tuple:
@@ -91,18 +123,49 @@ def job_state_keys(make_job: Callable[[], Job]) -> tuple:
 def load_initial_weights(model: torch.nn.Module, cfg) -> None:
     """`model.init_from` into the sharded model, each rank reading only what it holds: one of
     our DCP checkpoint directories (model tensors only; optimizer and data position start
-    fresh), or a Hugging Face directory (elastic/model/hf.py)."""
+    fresh), or a Hugging Face directory (elastic/model/hf.py). A LoRA checkpoint is its base
+    with its adapters merged in. The model's own adapters, if any, are not touched."""
     src = getattr(cfg.model, "init_from", "")
-    if not src:
-        return
+    if src:
+        load_weights_from(model, src)
+
+
+def load_weights_from(model: torch.nn.Module, src: str) -> None:
     from elastic.train import checkpoint as ckpt_lib
 
     if os.path.exists(os.path.join(src, ckpt_lib.STATE_FILE)):
+        info = ckpt_lib.read_train_state(src).get("lora")
+        if info:  # adapters only: the base it was trained on, then W += (alpha / r) B A
+            base = info["base"]
+            if base.startswith("seed:"):
+                model.init_weights(seed=int(base[len("seed:"):]), assign=_assign_shard)
+            else:
+                load_weights_from(model, base)
+            merge_checkpoint_adapters(model, src, LoRAConfig.from_section(info).scaling)
+            return
         ckpt_lib.load(src, model, None)
         return
     from elastic.train.hf_load import load_hf_weights
 
     load_hf_weights(model, src)
+
+
+@torch.no_grad()
+def merge_checkpoint_adapters(model: torch.nn.Module, step_dir: str, scaling: float) -> None:
+    """Add a LoRA checkpoint's ``scaling · B A`` to this rank's shards of the base weights. The
+    adapters are small: every rank reads them whole (one process, no collective)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    from elastic.model.dcp_io import read_model_state
+    from elastic.model.lora import adapter_pairs
+
+    params = {n.replace("_checkpoint_wrapped_module.", ""): p for n, p in model.named_parameters()}
+    for wname, (a, b) in adapter_pairs(read_model_state(step_dir, adapters_only=True)).items():
+        p = params[wname]
+        delta = (scaling * (b.float() @ a.float())).to(p.dtype)
+        if isinstance(p, DTensor):
+            delta = distribute_tensor(delta.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
+        p.add_(delta)
 
 
 def _fault_steps(var: str) -> set:
@@ -133,11 +196,17 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
         for block in model.layers:
             block.compile()
     opt = build_optimizer(model, t.lr, t.weight_decay, (t.beta1, t.beta2), fused=device.type == "cuda")
-    ckpt = Checkpointer(cfg.checkpoint.every_steps, job_state_keys(make_job))
+    lora = lora_of(cfg)
+    # LoRA checkpoints hold the adapters only: the frozen base is loaded from its source on
+    # every (re)start, then the adapters and their optimizer state from the checkpoint.
+    ckpt = Checkpointer(cfg.checkpoint.every_steps, job_state_keys(make_job), trainable_only=lora is not None)
+    if lora is not None:
+        load_initial_weights(model, cfg)
     state = ckpt.restore(model, opt)
     if state is None:
         state = TrainState()
-        load_initial_weights(model, cfg)  # model.init_from, if any (else the seeded init stands)
+        if lora is None:
+            load_initial_weights(model, cfg)  # model.init_from, if any (else the seeded init stands)
     start_step, counters = state.step, state.counters
     job = make_job()
     job.start(WorkerContext(cfg, rank, world, device, model, local_dir, config), state.job)
@@ -168,8 +237,9 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
             "event": "start", "time": start_time, "world_size": world, "step": start_step,
             "resumed_from": ckpt.resumed_from, "attention_backend": backend,
             "device": str(device), "param_dtype": str(param_dtype).replace("torch.", "")})
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         print(f"[elastic] rank 0/{world}: step {start_step}/{t.steps}, attention={backend}, device={device}, "
-              f"params={model.num_params()}, param_dtype={param_dtype}")
+              f"params={model.num_params()}, trainable={trainable}, param_dtype={param_dtype}")
 
     fpt = flops_per_token(args, cfg.data.seq_len)
     peak, peak_src = peak_flops(device)
@@ -245,9 +315,11 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
             if ckpt.due(s1, s1 == stop) and not verdict.bad:
                 counters["useful_s"] = counters["useful_s"] + attempt_useful + step_s_train  # saved: they count
                 attempt_useful = 0.0
+                info = {"flops_per_token": fpt, "peak_flops": peak, "peak_flops_source": peak_src}
+                if lora is not None:  # what the adapters apply to (export and init_from find the base here)
+                    info["lora"] = config.get("lora_base") or lora_reference(cfg)
                 state = TrainState(step=s1, scheduler=sched.state_dict(), counters=counters, job=job.state(),
-                                   world_size=world, info={"flops_per_token": fpt, "peak_flops": peak,
-                                                           "peak_flops_source": peak_src})
+                                   world_size=world, info=info)
                 if rank == 0:
                     append_record(events, {"event": "checkpoint_start", "time": time.time(), "step": s1})
                 ckpt_s = ckpt.save(model, opt, state, {"step": s1, "loss": loss})
