@@ -39,6 +39,9 @@ def main(argv=None, kind: str = "pretrain", default_config: str = "", doc: str =
     except DataError as e:
         print(f"data error: {e}", file=sys.stderr)
         return 2
+    except ConfigError as e:  # checked against the inputs at plan time (model.init_from, a LoRA run's base)
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
     except LeaseHeld as e:
         print(f"run error: {e}", file=sys.stderr)
         return 3

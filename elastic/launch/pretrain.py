@@ -116,6 +116,10 @@ def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_c
     from elastic.launch.recovery_callback import RecoveryEventsCallback
 
     storage = paths.run_dir.rsplit("/", 1)[0]
+    if cfg.model.lora.rank > 0:  # what the adapters apply to, recorded in every checkpoint
+        from elastic.launch.lora_base import lora_base_record
+
+        loop_config = {**loop_config, "lora_base": lora_base_record(cfg)}
     return TorchTrainer(
         loop_fn,
         train_loop_config={"cfg": to_dict(cfg), "run_dir": paths.run_dir, "local_dir": paths.local_dir, "use_gpu": gpu,
@@ -258,6 +262,9 @@ def run_job(cfg: Config, launch: JobLaunch, out: Optional[TextIO] = None, progre
         os.makedirs(paths.local_dir, exist_ok=True)
         t0 = time.time()
         launch.plan(cfg, paths, say)
+        from elastic.launch.lora_base import check_lora_base
+
+        check_lora_base(cfg, paths.run_dir)  # LoRA: the adapters' base is the one they were trained on
         with open(os.path.join(paths.local_dir, "config.json"), "w") as f:
             json.dump(to_dict(cfg), f, indent=2)
         choice = connect(choice, private_cpus(cfg), worker_env())

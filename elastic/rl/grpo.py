@@ -148,7 +148,9 @@ class GRPOJob(Job):
         self.N = rl.prompts_per_step * rl.group_size
         self.mine = rank_completions(self.N, rl.minibatches_per_update, ctx.world_size, ctx.rank)
         self.updates_per_step = rl.updates_per_rollout * rl.minibatches_per_update
-        self.ref_model = self._reference_model() if rl.kl_coef > 0 else None
+        # Under LoRA the reference is the policy with its adapters disabled (no second copy).
+        self.lora = ctx.cfg.model.lora.rank > 0
+        self.ref_model = self._reference_model() if rl.kl_coef > 0 and not self.lora else None
         self._cursor = int(state.get("prompt_cursor") or 0)
 
     def _reference_model(self) -> torch.nn.Module:
@@ -273,6 +275,12 @@ class GRPOJob(Job):
         if self.ref_model is not None:
             for r, lp in zip(rows, self._completion_logprobs(self.ref_model, rows)):
                 r.ref_logp = lp
+        elif self.lora and self.rl.kl_coef > 0:
+            from elastic.model.lora import adapters_disabled
+
+            with adapters_disabled(self.ctx.model):
+                for r, lp in zip(rows, self._completion_logprobs(self.ctx.model, rows)):
+                    r.ref_logp = lp
 
     def _collect_rewards(self, step: int, prompts, rows: List[Rollout]) -> StepOutcome:
         rl = self.rl
