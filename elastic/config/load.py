@@ -185,6 +185,8 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(d.vocab_size >= 260, "data.vocab_size", f"must be >= 260 (256 bytes + specials), got {d.vocab_size}")
     _check(d.shard_mb > 0, "data.shard_mb", f"must be > 0, got {d.shard_mb}")
     _check(d.tokenize_cpus > 0, "data.tokenize_cpus", f"must be > 0, got {d.tokenize_cpus}")
+    _check(d.build_ahead >= 0, "data.build_ahead", f"must be >= 0, got {d.build_ahead}")
+    _check(d.prefetch_steps >= 0, "data.prefetch_steps", f"must be >= 0, got {d.prefetch_steps}")
     _check(m.preset in PRESETS, "model.preset", f"unknown preset {m.preset!r} (known: {', '.join(PRESETS)})")
     _check(m.attention in ATTENTION_BACKENDS, "model.attention", f"must be one of {'|'.join(ATTENTION_BACKENDS)}, got {m.attention!r}")
     dims = resolved_model_dims(cfg)

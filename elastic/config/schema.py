@@ -49,8 +49,14 @@ class DataSection:
     # Shuffle the order of shards each epoch, and of samples within each shard (deterministic
     # in run.seed, the epoch and the shard).
     shuffle: bool = True
-    # CPUs reserved by each tokenize+pack Ray Data task.
+    # CPUs reserved by each tokenize+pack Ray task (the store builder runs one per shard, once
+    # per run; the packed samples are cached under <run dir>/cache/).
     tokenize_cpus: float = 1.0
+    # Shards tokenized ahead of the train workers' position (a bounded window: the cache never
+    # has to hold the corpus before training starts).
+    build_ahead: int = 4
+    # Global batches each train worker reads ahead of the one it trains on.
+    prefetch_steps: int = 2
     # How many malformed rows are reported verbatim (all are counted).
     report_bad_rows: int = 5
     # Append the global sample ids trained on, per step and worker, to <run dir>/ledger.jsonl.

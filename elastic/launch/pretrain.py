@@ -1,5 +1,5 @@
 """Build and run the Ray Train job for pretraining: the only place that knows Ray Train's
-driver-side API (TorchTrainer, ScalingConfig, RunConfig, DataConfig).
+driver-side API (TorchTrainer, ScalingConfig, RunConfig).
 
 Order matters: the config is already valid; data planning (source resolution, tokenizer)
 runs next and fails with one line before any worker starts; only then is the trainer built.
@@ -16,7 +16,7 @@ from typing import Optional
 
 from elastic.config import Config, run_dir as run_dir_of, to_dict
 from elastic.data.cursor import Cursor
-from elastic.data.pipeline import DataPlan, DatasetFactory, configure_data_context
+from elastic.data.pipeline import DataPlan
 from elastic.launch.data_plans import JobData, plan_job_data
 from elastic.train import checkpoint as ckpt_lib
 
@@ -37,9 +37,16 @@ def plan_data(cfg: Config, paths: RunPaths, kind: str = "pretrain") -> JobData:
     return plan_job_data(cfg, paths.local_dir, kind)
 
 
+def cache_root(paths: RunPaths) -> str:
+    """The shard cache lives with the run (local path or URI), so reruns, restarts and resizes
+    of the run reuse it."""
+    return f"{paths.run_dir.rstrip('/')}/cache"
+
+
 @dataclass
 class CheckpointCursor:
-    """Data position of the newest complete checkpoint in the run dir (start of stream if none)."""
+    """Data position of the newest complete checkpoint in the run dir (start of stream if none):
+    where the store builder starts tokenizing before the workers ask."""
 
     run_dir: str
 
@@ -78,8 +85,23 @@ def use_gpu(cfg: Config) -> bool:
     return ray.cluster_resources().get("GPU", 0) > 0
 
 
-def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool, eval_plan: Optional[DataPlan] = None):
-    from ray.train import CheckpointConfig, DataConfig, FailureConfig, RunConfig, ScalingConfig
+def start_store(cfg: Config, plan: DataPlan, paths: RunPaths, eval_plan: Optional[DataPlan] = None):
+    """The run's store builder (elastic/data/builder.py), already tokenizing from the latest
+    checkpoint's position while the worker group starts. ELASTIC_FAULT_* variables of the
+    driver reach its build tasks (fault injection in tests)."""
+    from elastic.data.builder import start_builder
+
+    plans = {"train": plan, **({"eval": eval_plan} if eval_plan is not None else {})}
+    faults = {k: v for k, v in os.environ.items() if k.startswith("ELASTIC_FAULT_")}
+    store = start_builder(plans, cache_root(paths), cfg.data.build_ahead, task_env=faults)
+    cur = CheckpointCursor(paths.run_dir)()
+    store.ahead.remote("train", cur.epoch, cur.shard_pos)
+    return store
+
+
+def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool, eval_plan: Optional[DataPlan] = None,
+                  store=None):
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from elastic.train.loop import train_loop_per_worker
@@ -100,19 +122,18 @@ def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool, eval_
     from elastic.launch.recovery_callback import RecoveryEventsCallback
 
     storage = paths.run_dir.rsplit("/", 1)[0]
-    factory = DatasetFactory(plan=plan, cursor_fn=CheckpointCursor(paths.run_dir), samples_total=cfg.train.steps * cfg.train.global_batch_size)
+    store = store if store is not None else start_store(cfg, plan, paths, eval_plan)
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"cfg": to_dict(cfg), "plan": plan, "eval_plan": eval_plan, "run_dir": paths.run_dir, "local_dir": paths.local_dir, "use_gpu": gpu},
+        # Workers read their samples from the cache through the store builder's handle; no
+        # Ray Data stream reaches them (each would re-tokenize everything).
+        train_loop_config={"cfg": to_dict(cfg), "plan": plan, "eval_plan": eval_plan, "run_dir": paths.run_dir,
+                           "local_dir": paths.local_dir, "use_gpu": gpu, "store": store, "cache_root": cache_root(paths)},
         scaling_config=ScalingConfig(**scaling_kwargs),
         run_config=RunConfig(name=cfg.run.name, storage_path=storage,
                              checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
                              failure_config=FailureConfig(max_failures=s.max_failures),
                              callbacks=[RecoveryEventsCallback(os.path.join(paths.local_dir, "events.jsonl"))]),
-        datasets={"train": factory},
-        # Every worker streams the whole (deterministic) sequence and takes its slice of each
-        # global batch: the data order never depends on the world size or block scheduling.
-        dataset_config=DataConfig(datasets_to_split=[]),
     )
 
 
@@ -170,7 +191,6 @@ def run_pretraining(cfg: Config, kind: str = "pretrain") -> PretrainResult:
     with open(os.path.join(paths.local_dir, "config.json"), "w") as f:
         json.dump(to_dict(cfg), f, indent=2)
     ensure_ray(cfg)
-    configure_data_context()  # captured by the trainer and propagated to its workers
     trainer = build_trainer(cfg, plan, paths, use_gpu(cfg), job_data.eval)
     result = trainer.fit()
     ckpt = result.checkpoint.path if result.checkpoint is not None else None
