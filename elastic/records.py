@@ -6,25 +6,56 @@ and ledger lines) and read while a run is live or after it crashed. A record is 
 one `write()` of one line on a file opened with O_APPEND, so lines from different ranks never
 interleave; a crash can still leave the *last* line cut short, which every reader here skips
 instead of failing. A leaf module: imports nothing from the project.
+
+Paths may also be pyarrow filesystem URIs (`s3://bucket/run/metrics.jsonl`, `gs://...`). A
+filesystem that can append (HDFS, a local `file://` URI) is appended to as above. Object stores
+cannot append, so there every writing process keeps its own *part* objects under
+`<path>.parts/`, named `<start time ns>-<host>-<pid>-<n>.jsonl` and rewritten whole on each of
+its appends (a PUT is atomic: a part is never seen cut short), starting a new part every
+`PART_LINES` records to bound the rewrite. Readers read the object at `<path>` (if any), then
+the parts in name order: each writer's records in the order it wrote them, writers in the
+order they started.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
-from typing import Any, Dict, Iterator, List
+import socket
+import threading
+import time
+from typing import Any, Dict, Iterator, List, Tuple
 
 METRICS = "metrics.jsonl"
 EVENTS = "events.jsonl"
 LEDGER = "ledger.jsonl"
+PART_LINES = 256
+
+_parts: Dict[str, Tuple[str, List[bytes]]] = {}  # path -> (current part name, its lines)
+_lock = threading.Lock()
+_seq = itertools.count()
+
+
+def _is_uri(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def _fs(path: str):
+    import pyarrow.fs as pafs
+
+    return pafs.FileSystem.from_uri(path)
 
 
 def append_record(path: str, record: Dict[str, Any]) -> None:
-    """Append one record as one line (a single O_APPEND write)."""
+    """Append one record as one line (a single O_APPEND write; a part object on object stores)."""
+    line = (json.dumps(record, allow_nan=True) + "\n").encode()
+    if _is_uri(path):
+        _append_uri(path, line)
+        return
     d = os.path.dirname(path)
     if d:
         os.makedirs(d, exist_ok=True)
-    line = (json.dumps(record, allow_nan=True) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
@@ -32,22 +63,59 @@ def append_record(path: str, record: Dict[str, Any]) -> None:
         os.close(fd)
 
 
+def _append_uri(path: str, line: bytes) -> None:
+    fs, p = _fs(path)
+    try:
+        with fs.open_append_stream(p) as s:
+            s.write(line)
+        return
+    except NotImplementedError:  # object stores (pyarrow raises ArrowNotImplementedError)
+        pass
+    with _lock:
+        name, lines = _parts.get(path, ("", []))
+        if not name or len(lines) >= PART_LINES:
+            name = f"{time.time_ns():020d}-{socket.gethostname()}-{os.getpid()}-{next(_seq)}.jsonl"
+            lines = []
+        lines.append(line)
+        _parts[path] = (name, lines)
+        with fs.open_output_stream(f"{p}.parts/{name}") as s:
+            s.write(b"".join(lines))
+
+
+def _lines(path: str) -> Iterator[bytes]:
+    if not _is_uri(path):
+        if not os.path.exists(path):
+            return
+        with open(path, "rb") as f:
+            yield from f
+        return
+    import pyarrow.fs as pafs
+
+    fs, p = _fs(path)
+    objects = [p] + sorted((i.path for i in fs.get_file_info(pafs.FileSelector(f"{p}.parts", allow_not_found=True))
+                            if i.type == pafs.FileType.File and i.path.endswith(".jsonl")), key=os.path.basename)
+    for o in objects:
+        try:
+            with fs.open_input_stream(o) as s:
+                data = s.read()
+        except (FileNotFoundError, IsADirectoryError):
+            continue
+        yield from data.splitlines(keepends=True)
+
+
 def iter_records(path: str) -> Iterator[Dict[str, Any]]:
     """Records of a JSON-lines file in order; a missing file has none; a line that does not
     parse (cut short by a crash, or still being written) is skipped."""
-    if not os.path.exists(path):
-        return
-    with open(path, "rb") as f:
-        for raw in f:
-            raw = raw.strip()
-            if not raw:
-                continue
-            try:
-                rec = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                continue
-            if isinstance(rec, dict):
-                yield rec
+    for raw in _lines(path):
+        raw = raw.strip()
+        if not raw:
+            continue
+        try:
+            rec = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            continue
+        if isinstance(rec, dict):
+            yield rec
 
 
 def read_records(path: str) -> List[Dict[str, Any]]:

@@ -266,3 +266,26 @@ class ShardReader:
             self.source.close()
         except Exception:
             pass
+
+
+def build_summary(cache_root: str) -> Dict[str, Any]:
+    """What the cache's own records say about a run: per packing key, how many shards were
+    committed, how many builds each took (1 = tokenized once), and their CPU-seconds."""
+    from collections import Counter
+
+    from elastic.records import read_records
+
+    fs, base = filesystem_for(cache_root)
+    try:
+        dirs = [i.base_name for i in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
+                if i.type == pafs.FileType.Directory]
+    except OSError:
+        dirs = []
+    out: Dict[str, Any] = {}
+    for d in sorted(dirs):
+        recs = read_records(f"{cache_root.rstrip('/')}/{d}/{BUILDS}")
+        per = Counter(r["key"] for r in recs)
+        out[d] = {"shards": len(per), "builds": len(recs), "max_builds_per_shard": max(per.values(), default=0),
+                  "rebuilt_shards": sorted(k for k, c in per.items() if c > 1),
+                  "cpu_s": sum(r["cpu_s"] for r in recs), "tokens": sum(r["tokens"] for r in recs)}
+    return out
