@@ -46,14 +46,14 @@ def main(argv=None, kind: str = "pretrain", default_config: str = "", doc: str =
     print(f"[elastic] done in {res.wall_s:.0f}s: loss {s.get('first_loss', float('nan')):.3f} -> {s.get('last_loss', float('nan')):.3f}, "
           f"{s.get('tokens_per_s', 0):.0f} tokens/s")
     print(f"[elastic] checkpoints: {res.run_dir}  (latest: {res.checkpoint})")
-    print(f"[elastic] metrics:     {os.path.join(res.local_dir, 'metrics.jsonl')}")
+    print(f"[elastic] metrics:     {os.path.join(res.records_dir or res.local_dir, 'metrics.jsonl')}")
     print(f"[elastic] summary:     {os.path.join(res.local_dir, 'summary.json')}")
-    print(f"[elastic] events:      {os.path.join(res.local_dir, 'events.jsonl')}")
+    print(f"[elastic] events:      {os.path.join(res.records_dir or res.local_dir, 'events.jsonl')}")
     print(f"[elastic] logs:        {res.ray_logs} (worker output is also streamed above)")
     if s.get("restarts"):
         from elastic.launch.recovery import analyze, format_table
 
-        print(format_table(analyze(res.local_dir)))
+        print(format_table(analyze(res.records_dir or res.local_dir)))
     return 0
 
 

@@ -23,14 +23,15 @@ from elastic.train import checkpoint as ckpt_lib
 
 @dataclass
 class RunPaths:
-    run_dir: str    # checkpoints (storage_path/name; local path or URI)
-    local_dir: str  # metrics.jsonl, events.jsonl, ledger.jsonl, tokenizer.json, wandb
+    run_dir: str      # checkpoints, shard cache (storage_path/name; local path or URI)
+    local_dir: str    # tokenizer.json, config.json, summary.json, wandb (this machine)
+    records_dir: str  # metrics.jsonl, events.jsonl, ledger.jsonl: the run dir, also when it is a URI
 
 
 def run_paths(cfg: Config) -> RunPaths:
     rd = run_dir_of(cfg)
     local = rd if "://" not in rd else os.path.join(tempfile.gettempdir(), "elastic-runs", cfg.run.name)
-    return RunPaths(rd, local)
+    return RunPaths(rd, local, rd)
 
 
 def plan_data(cfg: Config, paths: RunPaths, kind: str = "pretrain") -> JobData:
@@ -128,12 +129,13 @@ def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool, eval_
         # Workers read their samples from the cache through the store builder's handle; no
         # Ray Data stream reaches them (each would re-tokenize everything).
         train_loop_config={"cfg": to_dict(cfg), "plan": plan, "eval_plan": eval_plan, "run_dir": paths.run_dir,
-                           "local_dir": paths.local_dir, "use_gpu": gpu, "store": store, "cache_root": cache_root(paths)},
+                           "local_dir": paths.local_dir, "records_dir": paths.records_dir, "use_gpu": gpu, "store": store,
+                           "cache_root": cache_root(paths)},
         scaling_config=ScalingConfig(**scaling_kwargs),
         run_config=RunConfig(name=cfg.run.name, storage_path=storage,
                              checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
                              failure_config=FailureConfig(max_failures=s.max_failures),
-                             callbacks=[RecoveryEventsCallback(os.path.join(paths.local_dir, "events.jsonl"))]),
+                             callbacks=[RecoveryEventsCallback(os.path.join(paths.records_dir, "events.jsonl"))]),
     )
 
 
@@ -146,6 +148,7 @@ class PretrainResult:
     summary: dict
     ray_logs: str = ""
     stopped: Optional[str] = None  # the stability guard's one-line reason, when the run stopped itself
+    records_dir: str = ""  # metrics/events/ledger (the run dir, local or URI)
 
 
 def ray_logs_dir() -> str:
@@ -161,7 +164,7 @@ def ray_logs_dir() -> str:
 def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str]) -> dict:
     from elastic.records import METRICS, read_records
 
-    mpath = os.path.join(paths.local_dir, METRICS)
+    mpath = os.path.join(paths.records_dir, METRICS)
     recs = [r for r in read_records(mpath) if "step" in r]
     s = {"wall_s": round(wall_s, 1), "checkpoint": checkpoint, "metrics": mpath, "steps_logged": len(recs)}
     if recs:
@@ -171,7 +174,7 @@ def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str]) -> dict
                  mean_mfu=sum(r["mfu"] for r in recs) / len(recs), bad_rows=recs[-1].get("bad_rows", 0))
     from elastic.launch.recovery import analyze
 
-    acc = analyze(paths.local_dir)
+    acc = analyze(paths.records_dir)
     s.update(restarts=acc["restarts"], goodput=acc["goodput"])
     with open(os.path.join(paths.local_dir, "summary.json"), "w") as f:
         json.dump(s, f, indent=2)
@@ -199,6 +202,6 @@ def run_pretraining(cfg: Config, kind: str = "pretrain") -> PretrainResult:
     wall = time.time() - t0
     from elastic.records import EVENTS, read_records
 
-    stops = [e for e in read_records(os.path.join(paths.local_dir, EVENTS)) if e.get("event") == "stop" and e["time"] >= t0]
+    stops = [e for e in read_records(os.path.join(paths.records_dir, EVENTS)) if e.get("event") == "stop" and e["time"] >= t0]
     return PretrainResult(paths.run_dir, paths.local_dir, wall, ckpt, summarize(paths, wall, ckpt), ray_logs_dir(),
-                          stopped=stops[-1]["reason"] if stops else None)
+                          stopped=stops[-1]["reason"] if stops else None, records_dir=paths.records_dir)
