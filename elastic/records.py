@@ -37,7 +37,8 @@ _lock = threading.Lock()
 _seq = itertools.count()
 
 
-def _is_uri(path: str) -> bool:
+def _is_uri(path) -> bool:
+    path = os.fspath(path)
     return "://" in path and not path.startswith("file://")
 
 
@@ -50,6 +51,7 @@ def _fs(path: str):
 def append_record(path: str, record: Dict[str, Any]) -> None:
     """Append one record as one line (a single O_APPEND write; a part object on object stores)."""
     line = (json.dumps(record, allow_nan=True) + "\n").encode()
+    path = os.fspath(path)
     if _is_uri(path):
         _append_uri(path, line)
         return
@@ -82,7 +84,8 @@ def _append_uri(path: str, line: bytes) -> None:
             s.write(b"".join(lines))
 
 
-def _lines(path: str) -> Iterator[bytes]:
+def _lines(path) -> Iterator[bytes]:
+    path = os.fspath(path)
     if not _is_uri(path):
         if not os.path.exists(path):
             return

@@ -45,7 +45,7 @@ from elastic.data.sources import filesystem_for
 
 FORMAT_VERSION = 1
 BATCH_BYTES = 64 * 2**10  # target size of one record batch: the unit a reader fetches
-COMPRESSION = "lz4"       # cheap to write and read; token ids compress ~2-3x
+COMPRESSION = "zstd"      # ~0.1 CPU-s per 4 MiB shard (<5% of tokenizing it); files ~1/6 of raw int32
 BUILDS = "builds.jsonl"
 ARRAY_COLUMNS = ("tokens", "doc_ids", "labels")
 
