@@ -146,9 +146,11 @@ def tokenize_cpu(job: Dict) -> Dict:
 
         s = build_summary(cache)
         return {"source": "cache build records", "cpu_s": sum(v["cpu_s"] for v in s.values()),
+                "read_tokenize_pack_cpu_s": sum(v["tokenize_cpu_s"] for v in s.values()),
                 "tokens": sum(v["tokens"] for v in s.values()), "builds": sum(v["builds"] for v in s.values())}
     recs = read_records(job["tokenize_log"])
-    return {"source": "ELASTIC_TOKENIZE_LOG", "cpu_s": sum(r["cpu_s"] for r in recs),
+    cpu = sum(r["cpu_s"] for r in recs)
+    return {"source": "ELASTIC_TOKENIZE_LOG", "cpu_s": cpu, "read_tokenize_pack_cpu_s": cpu,
             "tokens": sum(r.get("tokens", 0) for r in recs), "builds": sum(1 for r in recs if r.get("fn") == "tokenize_and_pack")}
 
 
@@ -163,9 +165,11 @@ def world_sizes(a, tmp: str) -> List[Dict]:
             raise SystemExit(f"world size {w} run failed (exit {job['rc']}); log: {job['log']}")
         t = tokenize_cpu(job)
         trained = sum(r["tokens"] for r in job["metrics"])
-        rows.append({"world_size": w, "tokenize_cpu_s": t["cpu_s"], "tokens_tokenized": t["tokens"],
+        rows.append({"world_size": w, "tokenize_cpu_s": t["cpu_s"], "read_tokenize_pack_cpu_s": t["read_tokenize_pack_cpu_s"],
+                     "tokens_tokenized": t["tokens"],
                      "tokens_trained": trained, "tokenized_per_trained": t["tokens"] / max(1, trained),
-                     "builds": t["builds"], "source": t["source"], "wall_s": job["wall_s"]})
+                     "builds": t["builds"], "source": t["source"], "wall_s": job["wall_s"],
+                     "load_avg_1m_at_end": os.getloadavg()[0]})
     base = rows[0]["tokenize_cpu_s"]
     for r in rows:
         r["cpu_vs_world_1"] = r["tokenize_cpu_s"] / base if base else None
@@ -195,7 +199,10 @@ def default_job(a, tmp: str) -> Dict:
     job = run_job(a.repo, tmp, "default", over + a.extra, os.path.join(tmp, "default.log"))
     if job["rc"] != 0:
         raise SystemExit(f"default job failed (exit {job['rc']}); log: {job['log']}")
-    return {**wait_share(job["run_dir"]), "wall_s": job["wall_s"]}
+    t = tokenize_cpu(job)
+    trained = sum(r["tokens"] for r in job["metrics"])
+    return {**wait_share(job["run_dir"]), "wall_s": job["wall_s"], "tokenize_cpu_s": t["cpu_s"],
+            "tokens_tokenized": t["tokens"], "tokens_trained": trained, "load_avg_1m_at_end": os.getloadavg()[0]}
 
 
 # ---------------------------------------------------------------- main
@@ -239,10 +246,10 @@ def main(argv=None) -> int:
     if 1 in only:
         r = res["per_core"] = per_core(a, tmp)
         print(f"1. tokenize+pack vs bare encode_batch, {r['shards']} shards, {r['documents']} documents, {a.cpus} cores")
-        print(f"   {'':<28}{'tokens':>10}{'CPU s':>9}{'tok/CPU-s':>11}{'wall s':>9}{'tok/s/core':>12}")
+        print(f"   {'':<36}{'tokens':>10}{'CPU s':>9}{'tok/CPU-s':>11}{'wall s':>9}{'tok/s/core':>12}")
         for k, label in (("bare", "bare encode_batch"), ("store", "store build (read+tok+pack+write)")):
             x = r[k]
-            print(f"   {label:<28}{x['tokens']:>10}{x['cpu_s']:>9.2f}{x['tokens_per_cpu_s']:>11.0f}{x['wall_s']:>9.2f}{x['tokens_per_s_per_core']:>12.0f}")
+            print(f"   {label:<36}{x['tokens']:>10}{x['cpu_s']:>9.2f}{x['tokens_per_cpu_s']:>11.0f}{x['wall_s']:>9.2f}{x['tokens_per_s_per_core']:>12.0f}")
         print(f"   ratio store/bare: {r['ratio_cpu']:.2f} per CPU-second, {r['ratio_wall']:.2f} per core from wall time (goal >= 0.8)")
         t = r["trainer"]
         print(f"   a {t['preset']} trainer at MFU {t['mfu']} x peak {t['peak']:.3e} eats {t['tokens_per_s_per_gpu']:.0f} tok/s/GPU "
@@ -250,16 +257,19 @@ def main(argv=None) -> int:
     if 2 in only:
         rows = res["world_sizes"] = world_sizes(a, tmp)
         print(f"2. tokenization CPU of a {a.run_steps}-step run (global batch 16) by world size [{rows[0]['source']}]")
-        print(f"   {'world':>6}{'tokenize CPU s':>16}{'vs W=1':>8}{'tokens tokenized':>18}{'tokens trained':>16}{'ratio':>7}")
+        print(f"   {'world':>6}{'tokenize CPU s':>16}{'vs W=1':>8}{'read+tok+pack CPU s':>21}{'tokens tokenized':>18}"
+              f"{'tokens trained':>16}{'ratio':>7}")
         for x in rows:
-            print(f"   {x['world_size']:>6}{x['tokenize_cpu_s']:>16.2f}{x['cpu_vs_world_1']:>8.2f}{x['tokens_tokenized']:>18}"
-                  f"{x['tokens_trained']:>16}{x['tokenized_per_trained']:>7.2f}")
+            print(f"   {x['world_size']:>6}{x['tokenize_cpu_s']:>16.2f}{x['cpu_vs_world_1']:>8.2f}{x['read_tokenize_pack_cpu_s']:>21.2f}"
+                  f"{x['tokens_tokenized']:>18}{x['tokens_trained']:>16}{x['tokenized_per_trained']:>7.2f}")
     if 3 in only:
         r = res["default_job"] = default_job(a, tmp)
         print(f"3. default job ({r['steps']} steps): data wait {r['share_all']:.2%} of step time over all steps, "
               f"{r['share_steady']:.2%} over steady steps (goal < 2%); first step waited {r['first_step_data_wait_s']:.2f} s, "
               f"steady mean {r['mean_data_wait_s_steady'] * 1e3:.1f} ms, max {r['max_data_wait_s_steady'] * 1e3:.0f} ms; "
               f"mean step {r['mean_step_s']:.2f} s")
+        print(f"   tokenized {r['tokens_tokenized']} tokens in {r['tokenize_cpu_s']:.2f} CPU-s for {r['tokens_trained']} "
+              f"trained; machine load (1 min) at the end {r['load_avg_1m_at_end']:.1f}")
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=2)

@@ -50,6 +50,7 @@ def _build(plan, cache_root: str, index: int, attempt: int) -> ShardMeta:
     cpu_s, wall_s = time.process_time() - cpu0, time.time() - t0
     append_record(cache.builds_log, {"shard_id": shard.shard_id, "key": meta.key, "samples": meta.samples,
                                      "tokens": meta.tokens, "bytes": meta.bytes, "cpu_s": cpu_s, "wall_s": wall_s,
+                                     "tokenize_cpu_s": build["tokenize_cpu_s"],
                                      "attempt": attempt, "pid": os.getpid(), "host": meta.build["host"],
                                      "time": time.time()})
     return meta
@@ -105,7 +106,7 @@ class StoreBuilder:
                 return meta
             except ray.exceptions.RayTaskError as e:  # the build itself raised (e.g. unreadable data)
                 raise e.as_instanceof_cause() from None
-            except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.RayError) as e:
+            except ray.exceptions.RayError as e:  # its worker or node died: build it again
                 self.stats["failed_attempts"] += 1
                 self.events.append({"event": "build_failed", "name": name, "shard_id": shard.shard_id, "attempt": attempt,
                                     "error": type(e).__name__, "time": time.time()})

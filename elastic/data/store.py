@@ -270,7 +270,8 @@ class ShardReader:
 
 def build_summary(cache_root: str) -> Dict[str, Any]:
     """What the cache's own records say about a run: per packing key, how many shards were
-    committed, how many builds each took (1 = tokenized once), and their CPU-seconds."""
+    committed, how many builds each took (1 = tokenized once), their CPU-seconds (whole build
+    task) and `tokenize_cpu_s` (read + tokenize + pack, without writing the cache file)."""
     from collections import Counter
 
     from elastic.records import read_records
@@ -287,5 +288,6 @@ def build_summary(cache_root: str) -> Dict[str, Any]:
         per = Counter(r["key"] for r in recs)
         out[d] = {"shards": len(per), "builds": len(recs), "max_builds_per_shard": max(per.values(), default=0),
                   "rebuilt_shards": sorted(k for k, c in per.items() if c > 1),
-                  "cpu_s": sum(r["cpu_s"] for r in recs), "tokens": sum(r["tokens"] for r in recs)}
+                  "cpu_s": sum(r["cpu_s"] for r in recs), "tokens": sum(r["tokens"] for r in recs),
+                  "tokenize_cpu_s": sum(r.get("tokenize_cpu_s", 0.0) for r in recs)}
     return out
