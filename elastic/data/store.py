@@ -105,6 +105,13 @@ def _schema(seq_len: int) -> pa.Schema:
     return pa.schema([("tokens", lst), ("doc_ids", lst), ("labels", lst), ("n_real", pa.int32())])
 
 
+def _int32(values: np.ndarray) -> pa.Array:
+    # From the buffer: pa.array() on a numpy array imports pandas on first use (~0.25 CPU-s,
+    # paid by every fresh build process).
+    v = np.ascontiguousarray(values, np.int32).reshape(-1)
+    return pa.Array.from_buffers(pa.int32(), len(v), [None, pa.py_buffer(v)])
+
+
 def encode_shard(arrays: Dict[str, np.ndarray], seq_len: int) -> tuple[bytes, int]:
     """Packed arrays → Arrow IPC file bytes, and the rows per record batch used."""
     rpb = rows_per_batch(seq_len)
@@ -114,9 +121,8 @@ def encode_shard(arrays: Dict[str, np.ndarray], seq_len: int) -> tuple[bytes, in
         n = len(arrays["n_real"])
         for a in range(0, n, rpb):
             b = min(n, a + rpb)
-            cols = [pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(arrays[c][a:b], np.int32).reshape(-1)), seq_len)
-                    for c in ARRAY_COLUMNS]
-            cols.append(pa.array(np.asarray(arrays["n_real"][a:b], np.int32)))
+            cols = [pa.FixedSizeListArray.from_arrays(_int32(arrays[c][a:b]), seq_len) for c in ARRAY_COLUMNS]
+            cols.append(_int32(arrays["n_real"][a:b]))
             w.write_batch(pa.record_batch(cols, schema=schema))
     return sink.getvalue().to_pybytes(), rpb
 
