@@ -53,8 +53,9 @@ class DataSection:
     # per run; the packed samples are cached under <run dir>/cache/).
     tokenize_cpus: float = 1.0
     # Shards tokenized ahead of the train workers' position (a bounded window: the cache never
-    # has to hold the corpus before training starts).
-    build_ahead: int = 4
+    # has to hold the corpus before training starts). It also caps concurrent tokenize tasks at
+    # build_ahead + 1: raise it when the trainers consume shards faster than one task builds one.
+    build_ahead: int = 2
     # Global batches each train worker reads ahead of the one it trains on.
     prefetch_steps: int = 2
     # How many malformed rows are reported verbatim (all are counted).

@@ -62,7 +62,7 @@ class StoreBuilder:
     stream's unit; `shard_id`, which names the shard in sample ids, may differ for a held-out
     plan cut from the training plan)."""
 
-    def __init__(self, plans: Dict[str, Any], cache_root: str, build_ahead: int = 4, max_attempts: int = 3,
+    def __init__(self, plans: Dict[str, Any], cache_root: str, build_ahead: int = 2, max_attempts: int = 3,
                  task_env: Optional[Dict[str, str]] = None):
         self.plans = plans
         self.plan_refs = {k: ray.put(p) for k, p in plans.items()}
