@@ -40,7 +40,6 @@ import torch
 import torch.distributed as dist
 
 from elastic.data.chat import ChatFormat, render_prompt
-from elastic.data.code_opt import prompt_text
 from elastic.data.tokenizer import from_json
 from elastic.model.attention import build_attention_metadata
 from elastic.rl.advantages import group_advantages, zero_variance_groups
@@ -50,7 +49,6 @@ from elastic.rl.loss import grpo_loss
 from elastic.rl.overlong import overlong_penalty
 from elastic.rl.prompts import PromptStream, completion_id, flat, group_of, rank_completions
 from elastic.rl.seeds import rollout_seed
-from elastic.rl.split import split_problems
 from elastic.train.job import Job, Update, WorkerContext
 from elastic.train.step import LossFn, LossOutput, Micro, StepOutput
 
@@ -134,11 +132,10 @@ class GRPOJob(Job):
         self.ctx = ctx
         cfg, rl = ctx.cfg, ctx.cfg.rl
         self.rl = rl
-        from elastic.data.code_opt import problem_ids
-
-        split = split_problems(problem_ids(rl.problems), rl.heldout, where=rl.problems)
-        self.heldout = list(split.heldout)
-        self.stream = PromptStream(tuple(split.train), cfg.run.seed)
+        # Prompts come from the driver (workers need no access to the problem directory).
+        self.prompt_texts: Dict[str, str] = ctx.config["prompt_texts"]
+        self.heldout = list(ctx.config["heldout_ids"])
+        self.stream = PromptStream(tuple(ctx.config["train_ids"]), cfg.run.seed)
         self.tok = from_json(ctx.config["tokenizer_json"])
         self.chat: ChatFormat = ctx.config["chat_format"]
         self.eos_id: int = ctx.config["eos_id"]
@@ -164,9 +161,7 @@ class GRPOJob(Job):
 
     def prompt_tokens(self, problem: str) -> List[int]:
         if problem not in self._prompt_ids:
-            import os
-
-            text = render_prompt([{"role": "user", "content": prompt_text(os.path.join(self.rl.problems, problem))}], self.chat)
+            text = render_prompt([{"role": "user", "content": self.prompt_texts[problem]}], self.chat)
             self._prompt_ids[problem] = self.tok.encode(text).ids
         return self._prompt_ids[problem]
 
