@@ -31,6 +31,7 @@ completions and resubmits them under the same keys (the service returns the cach
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -42,6 +43,7 @@ import torch.distributed as dist
 from elastic.data.chat import ChatFormat, render_prompt
 from elastic.data.tokenizer import from_json
 from elastic.model.attention import build_attention_metadata
+from elastic.records import append_record
 from elastic.rl.advantages import group_advantages, zero_variance_groups
 from elastic.rl.aggregation import StepCounts
 from elastic.rl.logprobs import token_entropy, token_logprobs
@@ -52,6 +54,7 @@ from elastic.rl.seeds import rollout_seed
 from elastic.train.job import Job, Update, WorkerContext
 from elastic.train.step import LossFn, LossOutput, Micro, StepOutput
 
+ROLLOUTS = "rollouts.jsonl"
 STATUS_RATES = ("compile_error", "wrong_answer", "runtime_error", "timeout", "memory_limit", "sandbox_error")
 
 
@@ -280,6 +283,13 @@ class GRPOJob(Job):
         self._metrics["_reward_span_s"] = time.perf_counter() - self._gen_t0
         mine = [(r.k, float(got[r.key].reward), got[r.key].status, len(r.tokens), r.truncated, got[r.key].speedup)
                 for r in rows]
+        # Every completion with its verdict, for people reading what the policy writes.
+        path = os.path.join(self.ctx.local_dir, ROLLOUTS)
+        for r in rows:
+            res = got[r.key]
+            append_record(path, {"step": step + 1, "k": r.k, "problem": r.problem, "status": res.status,
+                                 "reward": res.reward, "speedup": res.speedup, "reason": (res.reason or "")[:300],
+                                 "tokens": len(r.tokens), "truncated": r.truncated, "completion": decode_text(self.tok, r.tokens)})
         parts: List[Any] = [None] * self.ctx.world_size
         dist.all_gather_object(parts, mine)
         everything = sorted((x for p in parts for x in p), key=lambda x: x[0])
