@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from elastic.data.chat import ChatFormat, render_prompt
+from elastic.data.chat import ChatFormat, prompt_segments, tokenize_segments
 from elastic.data.tokenizer import from_json
 from elastic.model.attention import build_attention_metadata
 from elastic.records import append_record
@@ -164,8 +164,8 @@ class GRPOJob(Job):
 
     def prompt_tokens(self, problem: str) -> List[int]:
         if problem not in self._prompt_ids:
-            text = render_prompt([{"role": "user", "content": self.prompt_texts[problem]}], self.chat)
-            self._prompt_ids[problem] = self.tok.encode(text).ids
+            segs = prompt_segments([{"role": "user", "content": self.prompt_texts[problem]}], self.chat)
+            self._prompt_ids[problem] = tokenize_segments(segs, self.tok.encode_batch, self.eos_id)[0]
         return self._prompt_ids[problem]
 
     # ------------------------------------------------------------------ one step
