@@ -60,6 +60,8 @@ def main(argv=None, kind: str = "pretrain", default_config: str = "", doc: str =
     print(f"[elastic] checkpoints: {res.run_dir}  (latest: {res.checkpoint})")
     print(f"[elastic] metrics:     {os.path.join(res.local_dir, 'metrics.jsonl')}")
     print(f"[elastic] summary:     {os.path.join(res.local_dir, 'summary.json')}")
+    if s.get("report"):
+        print(f"[elastic] report:      {s['report']} (plots in {os.path.join(res.local_dir, 'plots')})")
     print(f"[elastic] events:      {os.path.join(res.local_dir, 'events.jsonl')}")
     print(f"[elastic] logs:        {res.ray_logs} (worker output)")
     if s.get("restarts"):

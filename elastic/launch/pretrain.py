@@ -166,7 +166,7 @@ def ray_logs_dir() -> str:
         return "the Ray session's logs/ directory on the head node"
 
 
-def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str]) -> dict:
+def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str], report: Optional[dict] = None) -> dict:
     from elastic.records import METRICS, read_records
 
     mpath = os.path.join(paths.local_dir, METRICS)
@@ -177,6 +177,12 @@ def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str]) -> dict
                  tokens=sum(r["tokens"] for r in recs),
                  tokens_per_s=sum(r["tokens"] for r in recs) / max(1e-9, sum(r["step_s"] for r in recs)),
                  mean_mfu=sum(r["mfu"] for r in recs) / len(recs), bad_rows=recs[-1].get("bad_rows", 0))
+        rl = [r for r in recs if "reward_mean" in r]
+        if rl:  # GRPO: reward and pass rate, first vs last steps
+            w = max(1, min(5, len(rl) // 3))
+            mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
+            s["reward"] = {"window": w, "first": mean(rl[:w], "reward_mean"), "last": mean(rl[-w:], "reward_mean"),
+                           "first_pass": mean(rl[:w], "pass_rate"), "last_pass": mean(rl[-w:], "pass_rate")}
     found = ckpt_lib.latest_complete(paths.run_dir)
     if found and found[1].get("bad_rows", {}).get("counts"):  # counts and first examples, with file and line
         s["bad_rows_detail"] = found[1]["bad_rows"]
@@ -184,6 +190,8 @@ def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str]) -> dict
 
     acc = analyze(paths.local_dir)
     s.update(restarts=acc["restarts"], goodput=acc["goodput"])
+    if report:
+        s.update(report)
     with open(os.path.join(paths.local_dir, "summary.json"), "w") as f:
         json.dump(s, f, indent=2)
     return s
@@ -285,6 +293,7 @@ def run_job(cfg: Config, launch: JobLaunch, out: Optional[TextIO] = None, progre
             finally:
                 if progress:
                     follow.stop()
+                report = write_run_report(paths, say)  # also for a run that failed: it says where
         finally:
             launch.stop()
         ckpt = result.checkpoint.path if result.checkpoint is not None else None
@@ -294,8 +303,22 @@ def run_job(cfg: Config, launch: JobLaunch, out: Optional[TextIO] = None, progre
         from elastic.records import EVENTS, read_records
 
         stops = [e for e in read_records(os.path.join(paths.local_dir, EVENTS)) if e.get("event") == "stop" and e["time"] >= t0]
-        return PretrainResult(paths.run_dir, paths.local_dir, wall, ckpt, summarize(paths, wall, ckpt), ray_logs_dir(),
+        summary = summarize(paths, wall, ckpt, report)
+        return PretrainResult(paths.run_dir, paths.local_dir, wall, ckpt, summary, ray_logs_dir(),
                               stopped=stops[-1]["reason"] if stops else None)
+
+
+def write_run_report(paths: RunPaths, say) -> Optional[dict]:
+    """report.md, plots and the named bottleneck (elastic/report); never fails the run."""
+    try:
+        from elastic.report import build_report
+
+        path, _, diag = build_report(paths.local_dir)
+    except Exception as e:  # a report must never take a finished run down
+        say(f"[elastic] report: not written ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})")
+        return None
+    say(f"[elastic] bottleneck: {diag.name}: {diag.evidence} Lever: {diag.lever}.")
+    return {"report": path, "bottleneck": diag.name, "evidence": diag.evidence, "lever": diag.lever}
 
 
 def run_pretraining(cfg: Config, kind: str = "pretrain", out: Optional[TextIO] = None, progress: bool = True) -> PretrainResult:

@@ -258,6 +258,8 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
                        "tokens_per_s": tokens_global / step_s, "mfu": fpt * tokens_global / step_s / (peak * world),
                        "step_s": step_s, "slowest_rank_step_s": slowest, "world_size": world,
                        **{k: v for k, v in phases.items()}, **memory_gib(device), "time": time.time()}
+                # The optimizer updates' own time (GRPO's update phase; forward+backward+optimizer).
+                rec["update_s"] = sum(phases.get(k, 0.0) for k in ("forward_s", "backward_s", "optimizer_s"))
                 if ckpt_s is not None:
                     rec["checkpoint_s"] = ckpt_s
                 if profiler.comm_s is not None:
