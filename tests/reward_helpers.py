@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
+import time
 from pathlib import Path
-from typing import List
+from typing import Callable, List, Tuple
 
 from elastic.reward.settings import EvalSettings
 
@@ -51,3 +53,50 @@ def leftover_cgroups() -> List[str]:
             except OSError:
                 pass
     return out
+
+
+def fence(lang: str, src: str) -> str:
+    """A model-style completion around one program."""
+    return f"Here is my answer.\n```{lang}\n{src}\n```\n"
+
+
+def mixed_items(problems, tag: str, copies: int = 1) -> Tuple[List[Tuple[str, str]], List[str]]:
+    """(items, expected statuses): fast/wrong/reference of both fixture problems, each source
+    made distinct by a comment naming `tag`, so no two items are the same program."""
+    items, expected = [], []
+    for c in range(copies):
+        for pid in ("pair-sum", "range-sum"):
+            prob = problems[pid]
+            for lang, src, status in (prob.solutions["fast"] + ("ok",), prob.solutions["wrong"] + ("wrong_answer",),
+                                      (prob.language, prob.reference_source, "ok")):
+                items.append((pid, fence(lang, f"{src}\n/* {tag} {c} {len(items)} */\n")))
+                expected.append(status)
+    return items, expected
+
+
+def evaluating_actor_pids() -> List[int]:
+    """Pool actors busy in `evaluate` right now (Ray titles a process by the method it runs)."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            argv0 = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if argv0 == b"ray::RewardActor.evaluate":
+            found.append(int(d))
+    return found
+
+
+def kill_pid(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def wait_until(cond: Callable[[], object], timeout_s: float, every_s: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(every_s)
+    return bool(cond())

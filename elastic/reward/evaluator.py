@@ -45,15 +45,21 @@ def default_sandbox(env_allow=()) -> Sandbox:
     return _SANDBOXES[key]
 
 
+def no_code_result(problem_id: str, settings: EvalSettings) -> Result:
+    """A completion with no C/C++ block: a verdict on the completion (nothing to run)."""
+    return Result(problem_id, "compile_error", settings.failure_reward, reason="no code block found")
+
+
 def evaluate_completion(problem: Problem, completion: str, settings: Optional[EvalSettings] = None,
                         sandbox: Optional[Sandbox] = None) -> Result:
-    """Extract the program from a model completion, then :func:`evaluate` it."""
+    """Extract the program from a model completion, then :func:`evaluate` it (the pool does
+    the same two steps, extracting on its side so identical programs are evaluated once)."""
     settings = settings or EvalSettings()
     code = extract_code(completion, problem.language)
     if code is None:
-        sb = sandbox or default_sandbox(settings.env_allow)
-        return Result(problem.id, "compile_error", settings.failure_reward, reason="no code block found",
-                      sandbox=sb.layers)
+        r = no_code_result(problem.id, settings)
+        r.sandbox = (sandbox or default_sandbox(settings.env_allow)).layers
+        return r
     lang, src = code
     return evaluate(problem, src, lang, settings, sandbox)
 

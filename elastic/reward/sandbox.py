@@ -13,6 +13,14 @@ Layers, outermost first (see :mod:`elastic.reward.isolation` for detection):
 * stdout captured up to a cap (exceeding it kills the run), stderr kept up to a smaller cap.
 
 The scratch directory is fresh per run and removed afterwards (see :meth:`Sandbox.scratch`).
+
+Per-run cost (see bench/reward_throughput.py --profile for the figures): the child is
+spawned with ``vfork`` and the trusted exec shim of :mod:`elastic.reward.launcher` applies the
+cgroup, rlimits and pinning (``preexec_fn`` would force a full ``fork`` of a large actor
+process); the run is reaped *before* its cgroup is emptied, so the emptying loop does not
+wait on bwrap's exiting init; leftovers of dead owners are swept at construction, when a
+foreign owner seen alive has died, and at most every ``SWEEP_INTERVAL_S`` otherwise, not by
+listing /tmp on every run.
 """
 
 from __future__ import annotations
@@ -29,12 +37,16 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
-from elastic.reward.cgroups import CgroupStats, RunCgroup
+from elastic.reward import launcher
+from elastic.reward.cgroups import CgroupStats, RunCgroup, _pid_alive
 from elastic.reward.isolation import BWRAP_BASE, Isolation, detect, log, system_binds
 
 SANDBOX_DIR = "/sandbox"
+SWEEP_INTERVAL_S = 60.0  # backstop full sweep; owners seen alive are re-checked every run
+USER_TASKS_TTL_S = 1.0  # non-root with a pids cgroup: how long a /proc task count is reused
+USER_TASKS_SLACK = 64  # ...and the headroom added for tasks started since it was counted
 
 
 @dataclass
@@ -82,7 +94,11 @@ class RunOutcome:
 
 
 def _user_tasks(uid: int) -> int:
-    """Tasks (threads) the kernel counts against RLIMIT_NPROC for `uid` right now."""
+    """Tasks (threads) the kernel counts against RLIMIT_NPROC for `uid` right now.
+
+    Reads /proc/<pid>/status of every process on the host (~1 ms per 100 processes), so
+    :meth:`Sandbox._nproc` calls it per run only when it is the sole bound on processes.
+    """
     n = 0
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -115,24 +131,44 @@ class Sandbox:
     """Runs commands in fresh scratch directories under the detected isolation layers."""
 
     def __init__(self, isolation: Optional[Isolation] = None, env_allow: Sequence[str] = (),
-                 scratch_root: Optional[str] = None) -> None:
+                 scratch_root: Optional[str] = None, use_launcher: bool = True) -> None:
         self.iso = isolation or detect()
         self.env_allow = list(env_allow)
         self.scratch_root = scratch_root
         self._system_binds = system_binds() if self.iso.wrapper == "bwrap" else []
+        self.launcher = launcher.build(scratch_root) if use_launcher else None
+        self._watched: Set[str] = set()  # foreign owners of leftovers that were alive at the last sweep
+        self._last_sweep = 0.0
+        self._tasks: Tuple[float, int] = (-1e9, 0)  # (monotonic time, count) of the last /proc scan
         self.sweep_stale()
 
     def sweep_stale(self) -> None:
         """Remove scratch dirs and cgroups of sandbox owners that died mid-run (a killed actor
-        cannot clean up after itself; its replacement on the same node does)."""
-        from elastic.reward.cgroups import _pid_alive
+        cannot clean up after itself; its replacement on the same node does).
 
+        A replacement may start before its killed predecessor has exited; owners found alive
+        are remembered and :meth:`_maybe_sweep` sweeps again as soon as one of them is gone.
+        """
         root = Path(self.scratch_root or tempfile.gettempdir())
+        me = str(os.getpid())
+        alive: Set[str] = set()
         for d in root.glob("elastic-sbx-*"):
-            if not _pid_alive(d.name.split("-")[2]):
+            owner = d.name.split("-")[2]
+            if _pid_alive(owner):
+                if owner != me:
+                    alive.add(owner)
+            else:
                 shutil.rmtree(d, ignore_errors=True)
         if self.iso.cgroups is not None:
-            self.iso.cgroups.sweep_stale()
+            alive |= self.iso.cgroups.sweep_stale() - {me}
+        self._watched = alive
+        self._last_sweep = time.monotonic()
+
+    def _maybe_sweep(self) -> None:
+        """Per run: a stat per remembered owner instead of listing /tmp and the cgroup dirs."""
+        if (time.monotonic() - self._last_sweep > SWEEP_INTERVAL_S
+                or any(not _pid_alive(p) for p in self._watched)):
+            self.sweep_stale()
 
     @property
     def layers(self) -> Dict[str, object]:
@@ -167,30 +203,55 @@ class Sandbox:
             return [*self.iso.unshare_prefix, "--", *argv]
         return list(argv)
 
-    def _preexec(self, limits: Limits, cgroup: Optional[RunCgroup], cpu: Optional[int], nproc: int):
-        procs_files = cgroup.procs_files() if cgroup is not None else []
+    def _nproc(self, limits: Limits) -> int:
+        """RLIMIT_NPROC: counted per real user, so a non-root limit is "tasks now + budget".
+
+        Root ignores it (the pids cgroup is the bound). For a non-root user with a pids cgroup,
+        a count at most USER_TASKS_TTL_S old plus USER_TASKS_SLACK is used (the cgroup enforces
+        the exact budget); without one it is the only bound, so /proc is counted every run.
+        """
+        uid = os.getuid()
+        if uid == 0:
+            return limits.pids
+        cg = self.iso.cgroups
+        if cg is None or not cg.pids:
+            return _user_tasks(uid) + limits.pids
+        now = time.monotonic()
+        if now - self._tasks[0] > USER_TASKS_TTL_S:
+            self._tasks = (now, _user_tasks(uid))
+        return self._tasks[1] + limits.pids + USER_TASKS_SLACK
+
+    @staticmethod
+    def _rlimits(limits: Limits, nproc: int) -> List[Tuple[int, int, int]]:
+        """(resource, soft, hard) applied in the child before exec."""
         mem = (limits.memory_mb + 64) << 20  # slack: libc/libstdc++ mappings, the wrapper itself
         rl = [
-            (resource.RLIMIT_CPU, (limits.cpu_limit, limits.cpu_limit + 1)),
-            (resource.RLIMIT_FSIZE, (limits.fsize_mb << 20, limits.fsize_mb << 20)),
-            (resource.RLIMIT_NPROC, (nproc, nproc)),
-            (resource.RLIMIT_NOFILE, (limits.nofile, limits.nofile)),
-            (resource.RLIMIT_CORE, (0, 0)),
+            (resource.RLIMIT_CPU, limits.cpu_limit, limits.cpu_limit + 1),
+            (resource.RLIMIT_FSIZE, limits.fsize_mb << 20, limits.fsize_mb << 20),
+            (resource.RLIMIT_NPROC, nproc, nproc),
+            (resource.RLIMIT_NOFILE, limits.nofile, limits.nofile),
+            (resource.RLIMIT_CORE, 0, 0),
         ]
         if limits.address_space:
-            rl.append((resource.RLIMIT_AS, (mem, mem)))
+            rl.append((resource.RLIMIT_AS, mem, mem))
+        return rl
+
+    @staticmethod
+    def _preexec(rlimits: List[Tuple[int, int, int]], cgroup: Optional[RunCgroup], cpu: Optional[int]):
+        """The launcher's work done in Python (fallback when the launcher could not be built)."""
+        procs_files = cgroup.procs_files() if cgroup is not None else []
 
         def fn() -> None:  # runs in the child between fork and exec: only syscalls here
             pid = str(os.getpid())
             for f in procs_files:
                 with open(f, "w") as fh:
                     fh.write(pid)
-            for res, val in rl:
+            for res, soft, hard in rlimits:
                 try:
-                    resource.setrlimit(res, val)
+                    resource.setrlimit(res, (soft, hard))
                 except (ValueError, OSError):  # hard limit lower than ours: keep the lower one
-                    soft, hard = resource.getrlimit(res)
-                    resource.setrlimit(res, (min(val[0], hard), hard))
+                    _, cur_hard = resource.getrlimit(res)
+                    resource.setrlimit(res, (min(soft, cur_hard) if cur_hard >= 0 else soft, cur_hard))
             if cpu is not None:
                 os.sched_setaffinity(0, {cpu})
         return fn
@@ -207,21 +268,18 @@ class Sandbox:
         out = RunOutcome()
         cg: Optional[RunCgroup] = None
         factory = self.iso.cgroups
-        # Leftovers of an owner killed mid-run (a killed pool actor) go as soon as any sandbox on
-        # the node runs again, not only when a new one starts: two listings and pid checks.
-        self.sweep_stale()
+        self._maybe_sweep()
         if factory is not None and (factory.pids or factory.memory):
             try:
                 cg = factory.create(limits.pids, (limits.memory_mb + limits.scratch_mb * 2 + 64) << 20)
             except OSError as e:
                 log.warning("SANDBOX WARNING: could not create a run cgroup (%s); running without one", e)
-        uid = os.getuid()
-        nproc = limits.pids if uid == 0 else _user_tasks(uid) + limits.pids
+        rlimits = self._rlimits(limits, self._nproc(limits))
         in_ns = self.iso.wrapper == "bwrap"
         home = SANDBOX_DIR if in_ns else str(workdir)
         env = _clean_env(home, "/tmp" if in_ns else str(workdir), self.env_allow)
         pipes: List[int] = []
-        status_r = status_w = log_r = log_w = None
+        status_r = status_w = log_r = log_w = launch_r = launch_w = None
         try:
             if self.iso.wrapper == "bwrap":
                 status_r, status_w = os.pipe()
@@ -230,47 +288,56 @@ class Sandbox:
                 log_r, log_w = os.pipe()
                 pipes += [log_r, log_w]
             wrapped = self._wrap(argv, workdir, limits, tmpfs_workdir, status_w)
-            pass_fds = tuple(x for x in (status_w, log_w) if x is not None)
+            wrapped = [a.replace("{LOG_FD}", str(log_w)) for a in wrapped]
+            preexec = None
+            if self.launcher is not None:
+                launch_r, launch_w = os.pipe()
+                pipes += [launch_r, launch_w]
+                procs = cg.procs_files() if cg is not None else []
+                wrapped = launcher.argv(self.launcher, launch_w, procs, rlimits, cpu) + wrapped
+            else:
+                preexec = self._preexec(rlimits, cg, cpu)
+            pass_fds = tuple(x for x in (status_w, log_w, launch_w) if x is not None)
             stdin = open(stdin_path, "rb") if stdin_path is not None else subprocess.DEVNULL
             t0 = time.perf_counter()
             try:
                 proc = subprocess.Popen(
-                    [a.replace("{LOG_FD}", str(log_w)) for a in wrapped], stdin=stdin,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(workdir), env=env,
-                    start_new_session=True, pass_fds=pass_fds, close_fds=True,
-                    preexec_fn=self._preexec(limits, cg, cpu, nproc))
+                    wrapped, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(workdir),
+                    env=env, start_new_session=True, pass_fds=pass_fds, close_fds=True, preexec_fn=preexec)
             except OSError as e:
                 out.sandbox_failed, out.sandbox_error = True, f"spawn failed: {e}"
                 return out
             finally:
                 if stdin is not subprocess.DEVNULL:
                     stdin.close()
-            for fd in (status_w, log_w):
+            for fd in (status_w, log_w, launch_w):
                 if fd is not None:
                     os.close(fd)
                     pipes.remove(fd)
-            status = self._pump(proc, out, limits, t0, status_r, log_r)
+            status, launch_error = self._pump(proc, out, limits, t0, status_r, log_r, launch_r)
             for f in (proc.stdout, proc.stderr):
                 if f is not None:
                     f.close()
-            self._kill_group(proc.pid, cg)
+            self._kill_group(proc.pid)
+            # Reap first: a cgroup emptied before this would still hold the exiting wrapper.
             _, wstatus, ru = os.wait4(proc.pid, 0)
             proc.returncode = 0  # reaped here; keep Popen from waiting again
             if not out.wall_s:
                 out.wall_s = time.perf_counter() - t0
             out.cpu_s = ru.ru_utime + ru.ru_stime
             out.max_rss_kb = ru.ru_maxrss
-            if os.WIFSIGNALED(wstatus):
+            code = None if os.WIFSIGNALED(wstatus) else os.WEXITSTATUS(wstatus)
+            if launch_error:
+                out.sandbox_failed, out.sandbox_error = True, launch_error
+            elif code is None:
                 out.signal = os.WTERMSIG(wstatus)
+            elif self.iso.wrapper == "bwrap" and "child-pid" not in status:
+                out.sandbox_failed = True
+                out.sandbox_error = "bwrap setup failed: " + out.stderr.decode(errors="replace").strip()[-500:]
+            elif self.iso.wrapper and 128 < code <= 128 + 64:  # wrappers report a signal death as 128+n
+                out.signal = code - 128
             else:
-                code = os.WEXITSTATUS(wstatus)
-                if self.iso.wrapper == "bwrap" and "child-pid" not in status:
-                    out.sandbox_failed = True
-                    out.sandbox_error = "bwrap setup failed: " + out.stderr.decode(errors="replace").strip()[-500:]
-                elif self.iso.wrapper and 128 < code <= 128 + 64:  # wrappers report a signal death as 128+n
-                    out.signal = code - 128
-                else:
-                    out.exit_code = code
+                out.exit_code = code
             if out.signal in (signal.SIGXCPU,) or (out.signal == signal.SIGKILL and out.cpu_s >= limits.cpu_limit - 0.05):
                 out.timed_out = True
             return out
@@ -281,21 +348,26 @@ class Sandbox:
                 except OSError:
                     pass
             if cg is not None:
-                cg.kill_all()
+                cg.kill_all()  # anything that escaped the process group (no PID namespace)
                 out.cgroup = cg.stats()
                 cg.remove()
 
     def _pump(self, proc: subprocess.Popen, out: RunOutcome, limits: Limits, t0: float,
-              status_r: Optional[int], log_r: Optional[int]) -> str:
-        """Read all channels until the process exits and its pipes close, or a limit is hit."""
+              status_r: Optional[int], log_r: Optional[int], launch_r: Optional[int] = None) -> Tuple[str, str]:
+        """Read all channels until the process exits and its pipes close, or a limit is hit.
+
+        Returns (bwrap JSON status, launcher error line or "")."""
         sel = selectors.DefaultSelector()
         stdout_buf, stderr_buf, log_buf, status_buf = bytearray(), bytearray(), bytearray(), bytearray()
+        launch_buf = bytearray()
         stderr_total = 0
         chans = {proc.stdout.fileno(): "out", proc.stderr.fileno(): "err"}  # type: ignore[union-attr]
         if status_r is not None:
             chans[status_r] = "status"
         if log_r is not None:
             chans[log_r] = "log"
+        if launch_r is not None:
+            chans[launch_r] = "launch"
         for fd in chans:
             os.set_blocking(fd, False)
             sel.register(fd, selectors.EVENT_READ)
@@ -354,6 +426,8 @@ class Sandbox:
                     elif kind == "log":
                         if len(log_buf) < (1 << 20):
                             log_buf += chunk
+                    elif kind == "launch":
+                        launch_buf += chunk[:512]
                     else:
                         status_buf += chunk
                 if out.output_limit:
@@ -363,27 +437,26 @@ class Sandbox:
             if pidfd is not None:
                 os.close(pidfd)
         # drain what is already buffered in status/log pipes (short, non-blocking)
+        bufs = {"status": status_buf, "log": log_buf, "launch": launch_buf}
         for fd, kind in list(chans.items()):
-            if kind in ("status", "log"):
+            if kind in bufs:
                 try:
                     while True:
                         chunk = os.read(fd, 1 << 16)
                         if not chunk:
                             break
-                        (status_buf if kind == "status" else log_buf).extend(chunk)
+                        bufs[kind].extend(chunk)
                 except (BlockingIOError, OSError):
                     pass
         out.stdout = bytes(stdout_buf[: limits.stdout_bytes])
         out.stderr = bytes(stderr_buf)
         out.log = bytes(log_buf)
-        return status_buf.decode(errors="replace")
+        return status_buf.decode(errors="replace"), launch_buf[:512].decode(errors="replace").strip()
 
     @staticmethod
-    def _kill_group(pgid: int, cg: Optional[RunCgroup]) -> None:
-        """SIGKILL the whole session/process group, then anything left in the run's cgroup."""
+    def _kill_group(pgid: int) -> None:
+        """SIGKILL the whole session/process group (the cgroup is emptied after the reap)."""
         try:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-        if cg is not None:
-            cg.kill_all()
