@@ -164,3 +164,69 @@ def test_host_is_fine_afterwards(problem, settings):
     assert leftover_programs() == []
     assert leftover_scratch() == []
     assert leftover_cgroups() == []
+
+
+LIMITS_PROBE = r"""
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdio.h>
+#include <sys/resource.h>
+static unsigned long long lim(int r) { struct rlimit l; getrlimit(r, &l); return (unsigned long long)l.rlim_cur; }
+int main(void) {
+    cpu_set_t s; CPU_ZERO(&s); sched_getaffinity(0, sizeof s, &s);
+    int first = -1; for (int i = 0; i < CPU_SETSIZE; i++) if (CPU_ISSET(i, &s)) { first = i; break; }
+    printf("%llu %llu %llu %llu %llu %d %d\n", lim(RLIMIT_NOFILE), lim(RLIMIT_FSIZE), lim(RLIMIT_CPU),
+           lim(RLIMIT_AS), lim(RLIMIT_CORE), CPU_COUNT(&s), first);
+    return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("use_launcher", [True, False], ids=["launcher", "preexec_fn"])
+def test_limits_are_in_place_when_the_program_starts(tmp_path, use_launcher):
+    """Both spawn paths (exec shim, preexec_fn fallback) apply the same rlimits and pinning."""
+    from elastic.reward.programs import compile_limits, compiled, run_binary, run_limits
+    from elastic.reward.sandbox import Sandbox
+
+    sb = Sandbox(use_launcher=use_launcher)
+    assert (sb.launcher is not None) is use_launcher
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    limits = run_limits(2.0, 128)
+    empty = tmp_path / "in"
+    empty.write_bytes(b"")
+    with compiled(sb, LIMITS_PROBE, "c", compile_limits(20, 1024)) as c:
+        assert c.ok, c.reason
+        o = run_binary(sb, c.binary, empty, limits, cpu)
+    assert o.ok, (o.sandbox_error, o.stderr)
+    nofile, fsize, cpu_s, as_, core, ncpu, first = map(int, o.stdout.split())
+    assert (nofile, fsize, cpu_s, core) == (limits.nofile, limits.fsize_mb << 20, limits.cpu_limit, 0)
+    assert as_ == (limits.memory_mb + 64) << 20
+    assert (ncpu, first) == (1, cpu)
+
+
+def test_launcher_failure_is_reported_on_its_own_channel():
+    """The shim reports on a private pipe, never by exit code or stderr a program could forge."""
+    import subprocess
+
+    from elastic.reward import launcher
+
+    exe = launcher.build()
+    assert exe is not None, "gcc could not build the launcher"
+    r_fd, w_fd = os.pipe()
+    try:
+        p = subprocess.run(launcher.argv(exe, w_fd, ["/nonexistent/cgroup.procs"], [], None) + ["/bin/true"],
+                           pass_fds=(w_fd,), capture_output=True, timeout=30)
+        os.close(w_fd)
+        w_fd = -1
+        msg = os.read(r_fd, 4096).decode()
+    finally:
+        os.close(r_fd)
+        if w_fd >= 0:
+            os.close(w_fd)
+    assert p.returncode == launcher.EXIT_LAUNCHER_FAILED and p.stderr == b""
+    assert "cgroup attach /nonexistent/cgroup.procs" in msg
+
+
+def test_program_exit_125_is_a_program_verdict(problem, settings):
+    r = run(problem, settings, "int main(void){ return 125; }")
+    assert r.status == "runtime_error" and "125" in r.reason

@@ -75,9 +75,14 @@ def run_limits(time_limit_s: float, memory_mb: int) -> Limits:
 
 def run_binary(sandbox: Sandbox, binary: Path, stdin: Path, limits: Limits, cpu: Optional[int],
                prefix: Optional[List[str]] = None, want_log: bool = False) -> RunOutcome:
+    """Run the binary in a fresh working directory: under bwrap a tmpfs made for this run with
+    the binary bound in read-only (no host directory needed), else a fresh scratch dir."""
+    argv = [*(prefix or []), "./prog"]
+    if sandbox.iso.wrapper == "bwrap":
+        return sandbox.run(argv, binary.parent, limits, stdin_path=stdin, cpu=cpu, tmpfs_workdir=True,
+                           want_log=want_log, files={"prog": binary})
     with run_dir(sandbox, binary) as d:
-        return sandbox.run([*(prefix or []), "./prog"], d, limits, stdin_path=stdin, cpu=cpu,
-                           tmpfs_workdir=True, want_log=want_log)
+        return sandbox.run(argv, d, limits, stdin_path=stdin, cpu=cpu, tmpfs_workdir=True, want_log=want_log)
 
 
 def classify(o: RunOutcome, limits: Limits) -> Tuple[str, str]:

@@ -185,14 +185,15 @@ class Sandbox:
 
     # -- command construction ------------------------------------------------------------
     def _wrap(self, argv: List[str], workdir: Path, limits: Limits, tmpfs_workdir: bool,
-              status_fd: Optional[int]) -> List[str]:
+              status_fd: Optional[int], files: Optional[Dict[str, Path]] = None) -> List[str]:
         if self.iso.wrapper == "bwrap":
             w = ["bwrap", *BWRAP_BASE, *self._system_binds, "--proc", "/proc", "--dev", "/dev",
                  "--size", str(limits.scratch_mb << 20), "--tmpfs", "/tmp"]
             if tmpfs_workdir:
                 w += ["--size", str(limits.scratch_mb << 20), "--tmpfs", SANDBOX_DIR]
-                for p in sorted(workdir.iterdir()):
-                    w += ["--ro-bind", str(p), f"{SANDBOX_DIR}/{p.name}"]
+                entries = sorted(files.items()) if files is not None else [(p.name, p) for p in sorted(workdir.iterdir())]
+                for name, path in entries:
+                    w += ["--ro-bind", str(path), f"{SANDBOX_DIR}/{name}"]
             else:
                 w += ["--bind", str(workdir), SANDBOX_DIR]
             w += ["--chdir", SANDBOX_DIR]
@@ -258,8 +259,12 @@ class Sandbox:
 
     # -- running -------------------------------------------------------------------------
     def run(self, argv: List[str], workdir: Path, limits: Limits, stdin_path: Optional[Path] = None,
-            cpu: Optional[int] = None, tmpfs_workdir: bool = False, want_log: bool = False) -> RunOutcome:
+            cpu: Optional[int] = None, tmpfs_workdir: bool = False, want_log: bool = False,
+            files: Optional[Dict[str, Path]] = None) -> RunOutcome:
         """Run `argv` (relative paths resolve in the scratch dir) and return the raw outcome.
+
+        With `tmpfs_workdir` under bwrap the program's working directory is a fresh size-limited
+        tmpfs holding read-only binds of `files` (name -> host path), or of `workdir`'s entries.
 
         With `want_log`, the literal ``{LOG_FD}`` in `argv` is replaced by the number of a pipe
         whose content is returned as ``RunOutcome.log`` (for valgrind/perf reports: valgrind
@@ -287,7 +292,7 @@ class Sandbox:
             if want_log:
                 log_r, log_w = os.pipe()
                 pipes += [log_r, log_w]
-            wrapped = self._wrap(argv, workdir, limits, tmpfs_workdir, status_w)
+            wrapped = self._wrap(argv, workdir, limits, tmpfs_workdir, status_w, files)
             wrapped = [a.replace("{LOG_FD}", str(log_w)) for a in wrapped]
             preexec = None
             if self.launcher is not None:
