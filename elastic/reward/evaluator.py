@@ -16,6 +16,7 @@ reference broken, unexpected exception) is ``sandbox_error``, never a program ve
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import tempfile
@@ -26,7 +27,7 @@ from typing import Optional
 from elastic.reward.checkers import check
 from elastic.reward.extract import extract_code
 from elastic.reward.problems import Problem
-from elastic.reward.programs import classify, compile_limits, compiled, run_binary, run_limits
+from elastic.reward.programs import classify, compile_in, compile_limits, compiled, prepare_binary, run_limits
 from elastic.reward.result import Result, TestResult, Timing
 from elastic.reward.sandbox import Sandbox
 from elastic.reward.scoring import speedup_reward
@@ -34,6 +35,7 @@ from elastic.reward.settings import EvalSettings
 from elastic.reward.timing import ReferenceError_, bench_input, measure, reference_timing
 
 log = logging.getLogger("elastic.reward")
+PREPARE_AHEAD = 8  # test runs launched ahead of their turn (each holds a waiting process and a cgroup)
 
 _SANDBOXES: dict = {}
 
@@ -91,35 +93,47 @@ def _evaluate(problem: Problem, source: str, lang: str, settings: EvalSettings, 
     cache = Path(settings.cache_dir)
     cpu = settings.pinned_cpu()
     climits = compile_limits(settings.compile_time_limit_s, settings.compile_memory_mb)
-    with compiled(sandbox, source, lang, climits) as c:
+    limits = run_limits(problem.time_limit_s, problem.memory_limit_mb)
+    with sandbox.scratch() as d, tempfile.TemporaryDirectory(prefix="elastic-io-") as io, \
+            contextlib.ExitStack() as pending:
+        binary = d / "prog"
+        inputs = []
+        for i, t in enumerate(problem.tests):
+            inputs.append(Path(io) / f"{i}.in")
+            inputs[-1].write_bytes(t.input)
+        # Launch the test runs before compiling (Sandbox.prepare): their cgroup attaches then
+        # happen back to back, not one RCU grace period after the compile (see launcher.py).
+        runs = collections.deque(pending.enter_context(prepare_binary(sandbox, binary, inp, limits, cpu))
+                                 for inp in inputs[:PREPARE_AHEAD])
+        c = compile_in(sandbox, d, source, lang, climits)
         cout = c.outcome.stderr.decode(errors="replace")[-4000:]
         if not c.ok:
             status = "sandbox_error" if c.sandbox_error else "compile_error"
             return _fail(problem, settings, status, c.reason, compile_output=cout)
-        assert c.binary is not None
         tests = []
-        limits = run_limits(problem.time_limit_s, problem.memory_limit_mb)
         failed: Optional[TestResult] = None
-        with tempfile.TemporaryDirectory(prefix="elastic-io-") as io:
-            for t in problem.tests:
-                if failed is not None:
-                    tests.append(TestResult(t.name, "skipped"))
-                    continue
-                inp = Path(io) / "in"
-                inp.write_bytes(t.input)
-                o = run_binary(sandbox, c.binary, inp, limits, cpu)
-                status, detail = classify(o, limits)
-                if status == "ok":
-                    passed, why = check(problem.checker, o.stdout, t.expected)
-                    if not passed:
-                        status, detail = "wrong_answer", why
-                tr = TestResult(t.name, status, round(o.wall_s, 6), detail)
-                tests.append(tr)
-                if status != "ok":
-                    failed = tr
+        for i, t in enumerate(problem.tests):
+            if failed is not None:
+                tests.append(TestResult(t.name, "skipped"))
+                continue
+            run = runs.popleft()
+            if i + PREPARE_AHEAD < len(inputs):
+                runs.append(pending.enter_context(prepare_binary(sandbox, binary, inputs[i + PREPARE_AHEAD], limits, cpu)))
+            o = run.start()
+            status, detail = classify(o, limits)
+            if status == "ok":
+                passed, why = check(problem.checker, o.stdout, t.expected)
+                if not passed:
+                    status, detail = "wrong_answer", why
+            tr = TestResult(t.name, status, round(o.wall_s, 6), detail)
+            tests.append(tr)
+            if status != "ok":
+                failed = tr
+        pending.close()  # cancels the runs a failed test made unnecessary
         if failed is not None:
             return _fail(problem, settings, failed.status, f"test {failed.name}: {failed.detail}",
                          tests=tests, compile_output=cout)
+        assert c.binary is not None
 
         @contextlib.contextmanager
         def reference_binary():

@@ -14,6 +14,14 @@ Failure is reported on a dedicated pipe (``-e FD``), never by exit code or stder
 program could forge: the shim writes one line there and exits 125; on success the fd is
 close-on-exec, so the program never sees it and the parent reads EOF.
 
+With ``-w FD`` the shim, once attached and limited, waits for one byte on FD before it
+execs, and exits (never execs) on EOF. The sandbox uses this to launch a run ahead of time
+(:meth:`elastic.reward.sandbox.Sandbox.prepare`): in cgroup v1 a ``cgroup.procs`` write waits
+for an RCU grace period (~12 ms here) unless another attach happened just before, so the
+evaluator launches all of a program's test runs back to back before compiling, and starts
+each when its turn comes. Since the wait is in our own code, a parent that dies releases
+nothing: EOF aborts.
+
 The source is compiled once per process into a private (0700) temporary directory; if gcc
 is missing the sandbox falls back to ``preexec_fn`` (same layers, slower spawn).
 """
@@ -43,6 +51,7 @@ SOURCE = r"""
 #include <unistd.h>
 
 static int errfd = -1;
+static int waitfd = -1;
 
 static void fail(const char *what, const char *arg) {
     char buf[512];
@@ -78,6 +87,9 @@ int main(int argc, char **argv) {
                 rl.rlim_cur = (rlim_t)soft < cur.rlim_max ? (rlim_t)soft : cur.rlim_max;
                 if (setrlimit(res, &rl) != 0) fail("setrlimit", val);
             }
+        } else if (!strcmp(opt, "-w")) {
+            waitfd = atoi(val);
+            if (fcntl(waitfd, F_SETFD, FD_CLOEXEC) != 0) fail("fcntl", val);
         } else if (!strcmp(opt, "-c")) {
             cpu_set_t set;
             CPU_ZERO(&set);
@@ -88,6 +100,12 @@ int main(int argc, char **argv) {
         }
     }
     if (i + 1 >= argc) { errno = EINVAL; fail("no command after", "--"); }
+    if (waitfd >= 0) {
+        char go;
+        ssize_t r;
+        do { r = read(waitfd, &go, 1); } while (r < 0 && errno == EINTR);
+        if (r != 1) { errno = ECANCELED; fail("start", "not signalled"); }
+    }
     execvp(argv[i + 1], argv + i + 1);
     fail("exec", argv[i + 1]);
     return 125;
@@ -142,9 +160,11 @@ def build(scratch_root: Optional[str] = None) -> Optional[str]:
 
 
 def argv(exe: str, err_fd: int, cgroup_procs: Sequence[str], rlimits: Sequence[Tuple[int, int, int]],
-         cpu: Optional[int]) -> List[str]:
+         cpu: Optional[int], wait_fd: Optional[int] = None) -> List[str]:
     """The shim's command-line prefix; append the command to run."""
     out = [exe, "-e", str(err_fd)]
+    if wait_fd is not None:
+        out += ["-w", str(wait_fd)]
     for f in cgroup_procs:
         out += ["-g", f]
     for res, soft, hard in rlimits:

@@ -11,9 +11,9 @@ import shutil
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
-from elastic.reward.sandbox import Limits, RunOutcome, Sandbox
+from elastic.reward.sandbox import Limits, PreparedRun, RunOutcome, Sandbox
 
 COMPILE = {
     "c": (["gcc", "-O2", "-std=c17", "-o", "prog", "src.c", "-lm"], "src.c"),
@@ -39,23 +39,26 @@ def compile_limits(wall_s: float, memory_mb: int) -> Limits:
 @contextlib.contextmanager
 def compiled(sandbox: Sandbox, source: str, language: str, limits: Limits) -> Iterator[Compiled]:
     """Compile in a fresh scratch dir; yields the binary (valid inside the `with` only)."""
-    argv, src_name = COMPILE[language]
     with sandbox.scratch() as d:
-        (d / src_name).write_text(source)
-        o = sandbox.run(list(argv), d, limits)
-        binary = d / "prog"
-        if o.sandbox_failed:
-            yield Compiled(False, None, o, o.sandbox_error, sandbox_error=True)
-        elif o.timed_out:
-            yield Compiled(False, None, o, "compiler timed out")
-        elif o.output_limit:
-            yield Compiled(False, None, o, "compiler output limit exceeded")
-        elif not o.ok or not binary.is_file():
-            mem = o.cgroup.memory_limit_hit or any(m in o.stderr for m in _OOM_MARKERS)
-            why = "compiler ran out of memory" if mem else "compilation failed"
-            yield Compiled(False, None, o, why)
-        else:
-            yield Compiled(True, binary, o)
+        yield compile_in(sandbox, d, source, language, limits)
+
+
+def compile_in(sandbox: Sandbox, d: Path, source: str, language: str, limits: Limits) -> Compiled:
+    """Compile `source` in scratch dir `d`; the binary, if any, is ``d / "prog"``."""
+    argv, src_name = COMPILE[language]
+    (d / src_name).write_text(source)
+    o = sandbox.run(list(argv), d, limits)
+    binary = d / "prog"
+    if o.sandbox_failed:
+        return Compiled(False, None, o, o.sandbox_error, sandbox_error=True)
+    if o.timed_out:
+        return Compiled(False, None, o, "compiler timed out")
+    if o.output_limit:
+        return Compiled(False, None, o, "compiler output limit exceeded")
+    if not o.ok or not binary.is_file():
+        mem = o.cgroup.memory_limit_hit or any(m in o.stderr for m in _OOM_MARKERS)
+        return Compiled(False, None, o, "compiler ran out of memory" if mem else "compilation failed")
+    return Compiled(True, binary, o)
 
 
 @contextlib.contextmanager
@@ -77,12 +80,41 @@ def run_binary(sandbox: Sandbox, binary: Path, stdin: Path, limits: Limits, cpu:
                prefix: Optional[List[str]] = None, want_log: bool = False) -> RunOutcome:
     """Run the binary in a fresh working directory: under bwrap a tmpfs made for this run with
     the binary bound in read-only (no host directory needed), else a fresh scratch dir."""
+    return prepare_binary(sandbox, binary, stdin, limits, cpu, prefix, want_log).start()
+
+
+def prepare_binary(sandbox: Sandbox, binary: Path, stdin: Path, limits: Limits, cpu: Optional[int],
+                   prefix: Optional[List[str]] = None, want_log: bool = False) -> "PreparedRun | _DeferredRun":
+    """:func:`run_binary`, launched now and started later (see Sandbox.prepare); under bwrap
+    the binary need not exist yet."""
     argv = [*(prefix or []), "./prog"]
     if sandbox.iso.wrapper == "bwrap":
-        return sandbox.run(argv, binary.parent, limits, stdin_path=stdin, cpu=cpu, tmpfs_workdir=True,
-                           want_log=want_log, files={"prog": binary})
-    with run_dir(sandbox, binary) as d:
-        return sandbox.run(argv, d, limits, stdin_path=stdin, cpu=cpu, tmpfs_workdir=True, want_log=want_log)
+        return sandbox.prepare(argv, binary.parent, limits, stdin_path=stdin, cpu=cpu, tmpfs_workdir=True,
+                               want_log=want_log, files={"prog": binary})
+
+    def run_in_scratch() -> RunOutcome:
+        with run_dir(sandbox, binary) as d:
+            return sandbox.run(argv, d, limits, stdin_path=stdin, cpu=cpu, tmpfs_workdir=True, want_log=want_log)
+    return _DeferredRun(run_in_scratch)
+
+
+class _DeferredRun:
+    """Without bwrap the program runs in a host scratch dir holding the binary: made at start."""
+
+    def __init__(self, fn: Callable[[], RunOutcome]) -> None:
+        self.fn = fn
+
+    def start(self) -> RunOutcome:
+        return self.fn()
+
+    def cancel(self) -> None:
+        pass
+
+    def __enter__(self) -> "_DeferredRun":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
 
 
 def classify(o: RunOutcome, limits: Limits) -> Tuple[str, str]:

@@ -270,92 +270,18 @@ class Sandbox:
         whose content is returned as ``RunOutcome.log`` (for valgrind/perf reports: valgrind
         moves its log fd out of the program's reach, so the program cannot forge the count).
         """
-        out = RunOutcome()
-        cg: Optional[RunCgroup] = None
-        factory = self.iso.cgroups
-        self._maybe_sweep()
-        if factory is not None and (factory.pids or factory.memory):
-            try:
-                cg = factory.create(limits.pids, (limits.memory_mb + limits.scratch_mb * 2 + 64) << 20)
-            except OSError as e:
-                log.warning("SANDBOX WARNING: could not create a run cgroup (%s); running without one", e)
-        rlimits = self._rlimits(limits, self._nproc(limits))
-        in_ns = self.iso.wrapper == "bwrap"
-        home = SANDBOX_DIR if in_ns else str(workdir)
-        env = _clean_env(home, "/tmp" if in_ns else str(workdir), self.env_allow)
-        pipes: List[int] = []
-        status_r = status_w = log_r = log_w = launch_r = launch_w = None
-        try:
-            if self.iso.wrapper == "bwrap":
-                status_r, status_w = os.pipe()
-                pipes += [status_r, status_w]
-            if want_log:
-                log_r, log_w = os.pipe()
-                pipes += [log_r, log_w]
-            wrapped = self._wrap(argv, workdir, limits, tmpfs_workdir, status_w, files)
-            wrapped = [a.replace("{LOG_FD}", str(log_w)) for a in wrapped]
-            preexec = None
-            if self.launcher is not None:
-                launch_r, launch_w = os.pipe()
-                pipes += [launch_r, launch_w]
-                procs = cg.procs_files() if cg is not None else []
-                wrapped = launcher.argv(self.launcher, launch_w, procs, rlimits, cpu) + wrapped
-            else:
-                preexec = self._preexec(rlimits, cg, cpu)
-            pass_fds = tuple(x for x in (status_w, log_w, launch_w) if x is not None)
-            stdin = open(stdin_path, "rb") if stdin_path is not None else subprocess.DEVNULL
-            t0 = time.perf_counter()
-            try:
-                proc = subprocess.Popen(
-                    wrapped, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(workdir),
-                    env=env, start_new_session=True, pass_fds=pass_fds, close_fds=True, preexec_fn=preexec)
-            except OSError as e:
-                out.sandbox_failed, out.sandbox_error = True, f"spawn failed: {e}"
-                return out
-            finally:
-                if stdin is not subprocess.DEVNULL:
-                    stdin.close()
-            for fd in (status_w, log_w, launch_w):
-                if fd is not None:
-                    os.close(fd)
-                    pipes.remove(fd)
-            status, launch_error = self._pump(proc, out, limits, t0, status_r, log_r, launch_r)
-            for f in (proc.stdout, proc.stderr):
-                if f is not None:
-                    f.close()
-            self._kill_group(proc.pid)
-            # Reap first: a cgroup emptied before this would still hold the exiting wrapper.
-            _, wstatus, ru = os.wait4(proc.pid, 0)
-            proc.returncode = 0  # reaped here; keep Popen from waiting again
-            if not out.wall_s:
-                out.wall_s = time.perf_counter() - t0
-            out.cpu_s = ru.ru_utime + ru.ru_stime
-            out.max_rss_kb = ru.ru_maxrss
-            code = None if os.WIFSIGNALED(wstatus) else os.WEXITSTATUS(wstatus)
-            if launch_error:
-                out.sandbox_failed, out.sandbox_error = True, launch_error
-            elif code is None:
-                out.signal = os.WTERMSIG(wstatus)
-            elif self.iso.wrapper == "bwrap" and "child-pid" not in status:
-                out.sandbox_failed = True
-                out.sandbox_error = "bwrap setup failed: " + out.stderr.decode(errors="replace").strip()[-500:]
-            elif self.iso.wrapper and 128 < code <= 128 + 64:  # wrappers report a signal death as 128+n
-                out.signal = code - 128
-            else:
-                out.exit_code = code
-            if out.signal in (signal.SIGXCPU,) or (out.signal == signal.SIGKILL and out.cpu_s >= limits.cpu_limit - 0.05):
-                out.timed_out = True
-            return out
-        finally:
-            for fd in pipes:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            if cg is not None:
-                cg.kill_all()  # anything that escaped the process group (no PID namespace)
-                out.cgroup = cg.stats()
-                cg.remove()
+        return self.prepare(argv, workdir, limits, stdin_path, cpu, tmpfs_workdir, want_log, files).start()
+
+    def prepare(self, argv: List[str], workdir: Path, limits: Limits, stdin_path: Optional[Path] = None,
+                cpu: Optional[int] = None, tmpfs_workdir: bool = False, want_log: bool = False,
+                files: Optional[Dict[str, Path]] = None) -> "PreparedRun":
+        """Launch a run now and start it later (arguments as for :meth:`run`).
+
+        With the launcher, the process exists after this call: in its cgroup, limited, pinned,
+        waiting before exec. Its wall clock starts at :meth:`PreparedRun.start`. Files named
+        in `files` need only exist by then. Without the launcher the spawn waits for start().
+        """
+        return PreparedRun(self, argv, workdir, limits, stdin_path, cpu, tmpfs_workdir, want_log, files)
 
     def _pump(self, proc: subprocess.Popen, out: RunOutcome, limits: Limits, t0: float,
               status_r: Optional[int], log_r: Optional[int], launch_r: Optional[int] = None) -> Tuple[str, str]:
@@ -465,3 +391,168 @@ class Sandbox:
             os.killpg(pgid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+class PreparedRun:
+    """One sandboxed command, launched by :meth:`Sandbox.prepare` and run by :meth:`start`.
+
+    Call exactly one of :meth:`start` (returns the RunOutcome) or :meth:`cancel` (the launcher
+    exits without exec'ing anything); as a context manager, leaving the block cancels a run
+    that was never started. Either way pipes, processes and the run's cgroup are cleaned up.
+    """
+
+    def __init__(self, sb: Sandbox, argv: List[str], workdir: Path, limits: Limits, stdin_path: Optional[Path],
+                 cpu: Optional[int], tmpfs_workdir: bool, want_log: bool, files: Optional[Dict[str, Path]]) -> None:
+        self.sb, self.limits = sb, limits
+        self.out = RunOutcome()
+        self.cg: Optional[RunCgroup] = None
+        self.proc: Optional[subprocess.Popen] = None
+        self.pipes: List[int] = []  # parent-side fds to close at the end
+        self.status_r = self.log_r = self.launch_r = self.go_w = None
+        self.done = False
+        factory = sb.iso.cgroups
+        sb._maybe_sweep()
+        if factory is not None and (factory.pids or factory.memory):
+            try:
+                self.cg = factory.create(limits.pids, (limits.memory_mb + limits.scratch_mb * 2 + 64) << 20)
+            except OSError as e:
+                log.warning("SANDBOX WARNING: could not create a run cgroup (%s); running without one", e)
+        rlimits = sb._rlimits(limits, sb._nproc(limits))
+        in_ns = sb.iso.wrapper == "bwrap"
+        env = _clean_env(SANDBOX_DIR if in_ns else str(workdir), "/tmp" if in_ns else str(workdir), sb.env_allow)
+        self._child_fds: List[int] = []  # the child's ends, closed here once it is spawned
+        child_fds = self._child_fds
+        status_w = log_w = None
+        try:
+            if in_ns:
+                self.status_r, status_w = self._pipe(child_fds)
+            if want_log:
+                self.log_r, log_w = self._pipe(child_fds)
+            wrapped = sb._wrap(argv, workdir, limits, tmpfs_workdir, status_w, files)
+            wrapped = [a.replace("{LOG_FD}", str(log_w)) for a in wrapped]
+            preexec = None
+            if sb.launcher is not None:
+                self.launch_r, launch_w = self._pipe(child_fds)
+                go_r, self.go_w = os.pipe()
+                self.pipes.append(self.go_w)
+                child_fds.append(go_r)
+                procs = self.cg.procs_files() if self.cg is not None else []
+                wrapped = launcher.argv(sb.launcher, launch_w, procs, rlimits, cpu, wait_fd=go_r) + wrapped
+            else:
+                preexec = Sandbox._preexec(rlimits, self.cg, cpu)
+            self._popen_kw = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(workdir), env=env,
+                                  start_new_session=True, pass_fds=tuple(child_fds), close_fds=True,
+                                  preexec_fn=preexec)
+            self._argv, self._stdin_path = wrapped, stdin_path
+            if sb.launcher is not None:
+                self._spawn()
+        except BaseException:
+            self._cleanup()
+            raise
+
+    def _pipe(self, child_fds: List[int]) -> Tuple[int, int]:
+        r, w = os.pipe()
+        self.pipes.append(r)
+        child_fds.append(w)
+        return r, w
+
+    def _spawn(self) -> None:
+        stdin = open(self._stdin_path, "rb") if self._stdin_path is not None else subprocess.DEVNULL
+        try:
+            self.proc = subprocess.Popen(self._argv, stdin=stdin, **self._popen_kw)
+        except OSError as e:
+            self.out.sandbox_failed, self.out.sandbox_error = True, f"spawn failed: {e}"
+        finally:
+            if stdin is not subprocess.DEVNULL:
+                stdin.close()
+            for fd in self._child_fds:
+                os.close(fd)
+            self._child_fds.clear()
+
+    def start(self) -> RunOutcome:
+        """Run to completion (or to a limit) and return the raw outcome."""
+        assert not self.done, "a prepared run starts once"
+        out, limits = self.out, self.limits
+        try:
+            t0 = time.perf_counter()
+            if self.go_w is not None:
+                try:
+                    os.write(self.go_w, b"g")
+                except OSError:  # the launcher already failed; its report is on the launch pipe
+                    pass
+                os.close(self.go_w)
+                self.pipes.remove(self.go_w)
+                self.go_w = None
+            elif self.proc is None and not out.sandbox_failed:
+                self._spawn()
+            proc = self.proc
+            if proc is None:
+                return out
+            status, launch_error = self.sb._pump(proc, out, limits, t0, self.status_r, self.log_r, self.launch_r)
+            Sandbox._kill_group(proc.pid)
+            # Reap first: a cgroup emptied before this would still hold the exiting wrapper.
+            _, wstatus, ru = os.wait4(proc.pid, 0)
+            proc.returncode = 0  # reaped here; keep Popen from waiting again
+            if not out.wall_s:
+                out.wall_s = time.perf_counter() - t0
+            out.cpu_s = ru.ru_utime + ru.ru_stime
+            out.max_rss_kb = ru.ru_maxrss
+            code = None if os.WIFSIGNALED(wstatus) else os.WEXITSTATUS(wstatus)
+            if launch_error:
+                out.sandbox_failed, out.sandbox_error = True, launch_error
+            elif code is None:
+                out.signal = os.WTERMSIG(wstatus)
+            elif self.sb.iso.wrapper == "bwrap" and "child-pid" not in status:
+                out.sandbox_failed = True
+                out.sandbox_error = "bwrap setup failed: " + out.stderr.decode(errors="replace").strip()[-500:]
+            elif self.sb.iso.wrapper and 128 < code <= 128 + 64:  # wrappers report a signal death as 128+n
+                out.signal = code - 128
+            else:
+                out.exit_code = code
+            if out.signal in (signal.SIGXCPU,) or (out.signal == signal.SIGKILL and out.cpu_s >= limits.cpu_limit - 0.05):
+                out.timed_out = True
+            return out
+        finally:
+            self._cleanup()
+
+    def cancel(self) -> None:
+        """Abort a run that was never started: the launcher reads EOF and exits."""
+        if self.done:
+            return
+        try:
+            if self.go_w is not None:
+                os.close(self.go_w)
+                self.pipes.remove(self.go_w)
+                self.go_w = None
+            if self.proc is not None:
+                Sandbox._kill_group(self.proc.pid)
+                os.wait4(self.proc.pid, 0)
+                self.proc.returncode = 0
+        finally:
+            self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        for fd in self.pipes + self._child_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.pipes = []
+        if self.proc is not None:
+            for f in (self.proc.stdout, self.proc.stderr):
+                if f is not None:
+                    f.close()
+        if self.cg is not None:
+            self.cg.kill_all()  # anything that escaped the process group (no PID namespace)
+            self.out.cgroup = self.cg.stats()
+            self.cg.remove()
+
+    def __enter__(self) -> "PreparedRun":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cancel()
+

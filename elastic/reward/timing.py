@@ -4,7 +4,9 @@ Modes:
 
 * ``wall``: ``warmup_runs`` untimed runs, then the median of ``timing_runs`` wall-clock runs,
   every run pinned to one core (``sched_setaffinity`` in the child). Measured from the parent
-  around the sandboxed process, so it includes a constant few-ms sandbox start-up.
+  from the moment the already launched, attached and limited run is released
+  (``PreparedRun.start``) to its exit, so it includes a constant few-ms sandbox start-up
+  (bubblewrap's namespaces and mounts) but not the spawn or the cgroup attach.
 * ``instructions``: one run under a deterministic instruction counter: ``perf stat -e
   instructions:u`` where the kernel exposes the counter, else ``valgrind --tool=callgrind``
   (~50x slower, so the run gets ``instructions_time_limit_s``). The count comes over a
@@ -15,7 +17,8 @@ one machine measure a reference once):
 
 * ``bench/<problem hash>.in`` / ``.out``: benchmark input (from the trusted ``gen_bench.py``)
   and the reference's output on it (what the candidate's output is checked against);
-* ``timings/<problem hash>-<machine fingerprint>-<mode>-<runs>.json``: reference timing.
+* ``timings/v<TIMING_VERSION>-<problem hash>-<machine fingerprint>-<mode>-<runs>.json``:
+  reference timing (the version changes whenever what a timing includes changes).
 
 The machine fingerprint hashes hostname, CPU model, CPU count and compiler version, so a
 timing is never reused across machines or toolchains.
@@ -44,6 +47,7 @@ from elastic.reward.programs import classify, run_binary
 from elastic.reward.sandbox import Limits, Sandbox
 
 GEN_BENCH_TIMEOUT_S = 300.0
+TIMING_VERSION = 2  # 2: wall clock starts when a prepared run is released (was: before the spawn)
 
 
 class ReferenceError_(RuntimeError):
@@ -191,7 +195,7 @@ def reference_timing(sandbox: Sandbox, problem: Problem, binary_factory, cache_d
                      warmup: int, instructions_limit_s: float, cpu: Optional[int]) -> Tuple[Measurement, bytes, bool]:
     """(reference measurement, reference bench output, from_cache). `binary_factory()` is a
     context manager yielding the compiled reference; it is only entered on a cache miss."""
-    key = f"{problem.content_hash}-{machine_fingerprint()}-{mode}-{runs if mode == 'wall' else 1}"
+    key = f"v{TIMING_VERSION}-{problem.content_hash}-{machine_fingerprint()}-{mode}-{runs if mode == 'wall' else 1}"
     tpath = cache_dir / "timings" / f"{key}.json"
     opath = cache_dir / "bench" / f"{problem.content_hash}.out"
     if tpath.is_file() and opath.is_file():
