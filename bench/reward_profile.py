@@ -4,14 +4,16 @@ Runs in a Ray actor (the large, multi-threaded process the pool evaluates in) an
 each cost of a sandboxed run separately, plus the same work without a sandbox:
 
 * spawning: ``vfork`` + exec (what the sandbox does now, through the launcher) against
-  ``fork`` + ``preexec_fn`` (what it did), for ``/bin/true``;
-* bubblewrap with the sandbox's arguments around ``/bin/true``, against ``/bin/true``;
+  ``fork`` + ``preexec_fn`` (what it did), for ``/bin/true``; bubblewrap with the sandbox's
+  arguments around ``/bin/true`` (these four interleaved);
+* a cgroup v1 attach right after another one, and 50 ms after the last one (an RCU grace
+  period: why the evaluator launches test runs ahead of time);
 * per-run bookkeeping: cgroup create/remove, scratch dir create/remove, the per-run sweep
   check, a full sweep (with the host's /tmp, and with 10,000 entries), counting the user's
   tasks in /proc (what a non-root sandbox needs for RLIMIT_NPROC);
-* one test run of the candidate: sandboxed (``Sandbox.run``, split into the child's
-  lifetime and the parent's work after it) against plain ``subprocess``;
-* compile: sandboxed against plain gcc;
+* one test run of the candidate: launch (``prepare``) and start-to-cleaned (``start``,
+  with the child's lifetime inside it), against plain ``subprocess`` (interleaved);
+* compile: sandboxed against plain gcc (interleaved);
 * one whole evaluation (``timing_runs=1``), and Ray's round trip for a no-op actor call.
 
 Medians of `--n` repetitions (the machine may be shared). Prints a table, writes
@@ -45,6 +47,17 @@ def _median_ms(fn: Callable[[], Any], n: int) -> float:
     return statistics.median(xs) * 1e3
 
 
+def _interleaved_ms(fns: Dict[str, Callable[[], Any]], n: int) -> Dict[str, float]:
+    """Medians of variants measured in turn (A, B, A, B, ...): load changes hit all alike."""
+    xs: Dict[str, list] = {k: [] for k in fns}
+    for _ in range(n):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            xs[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) * 1e3 for k, v in xs.items()}
+
+
 def profile(problem_dir: str, n: int) -> Dict[str, Any]:
     """Runs inside the actor; returns {name: median ms} plus context."""
     import resource
@@ -55,7 +68,7 @@ def profile(problem_dir: str, n: int) -> Dict[str, Any]:
     from elastic.reward import launcher
     from elastic.reward.evaluator import evaluate
     from elastic.reward.problems import load_problem
-    from elastic.reward.programs import COMPILE, compile_limits, compiled, run_binary, run_limits
+    from elastic.reward.programs import COMPILE, compile_limits, compiled, prepare_binary, run_limits
     from elastic.reward.sandbox import Sandbox, _user_tasks
     from elastic.reward.settings import EvalSettings
 
@@ -69,22 +82,43 @@ def profile(problem_dir: str, n: int) -> Dict[str, Any]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
         os.sched_setaffinity(0, {cpu})
 
-    out["spawn /bin/true: vfork+exec"] = _median_ms(lambda: subprocess.Popen(["/bin/true"], start_new_session=True).wait(), n)
-    out["spawn /bin/true: fork+preexec_fn (before)"] = _median_ms(
-        lambda: subprocess.Popen(["/bin/true"], start_new_session=True, preexec_fn=pre).wait(), n)
+    spawn = {"spawn /bin/true: vfork+exec": lambda: subprocess.Popen(["/bin/true"], start_new_session=True).wait(),
+             "spawn /bin/true: fork+preexec_fn (before)": lambda: subprocess.Popen(
+                 ["/bin/true"], start_new_session=True, preexec_fn=pre).wait()}
     if sb.launcher:
         argv = launcher.argv(sb.launcher, 2, [], [(resource.RLIMIT_NOFILE, 64, 64)], cpu)
-        out["spawn /bin/true: vfork+launcher (now)"] = _median_ms(
-            lambda: subprocess.Popen(argv + ["/bin/true"], start_new_session=True).wait(), n)
+        spawn["spawn /bin/true: vfork+launcher (now)"] = lambda: subprocess.Popen(
+            argv + ["/bin/true"], start_new_session=True).wait()
     if sb.iso.wrapper == "bwrap":
         from elastic.reward.isolation import BWRAP_BASE
 
-        with tempfile.TemporaryDirectory() as d:
-            bw = ["bwrap", *BWRAP_BASE, *sb._system_binds, "--proc", "/proc", "--dev", "/dev", "--size",
-                  str(64 << 20), "--tmpfs", "/tmp", "--bind", d, "/sandbox", "--chdir", "/sandbox", "--", "/bin/true"]
-            out["bwrap (sandbox args) around /bin/true"] = _median_ms(lambda: subprocess.run(bw), n)
+        bwd = tempfile.mkdtemp()
+        bw = ["bwrap", *BWRAP_BASE, *sb._system_binds, "--proc", "/proc", "--dev", "/dev", "--size",
+              str(64 << 20), "--tmpfs", "/tmp", "--bind", bwd, "/sandbox", "--chdir", "/sandbox", "--", "/bin/true"]
+        spawn["bwrap (sandbox args) around /bin/true"] = lambda: subprocess.run(bw)
+    out.update(_interleaved_ms(spawn, n))
+
     factory = sb.iso.cgroups
-    if factory is not None and (factory.pids or factory.memory):
+    if factory is not None and factory.pids:
+        sleeper = subprocess.Popen(["sleep", "600"])
+
+        def attach(pause: float) -> float:
+            c = factory.create(64, 256 << 20)
+            time.sleep(pause)
+            t0 = time.perf_counter()
+            for f in c.procs_files():
+                with open(f, "w") as fh:
+                    fh.write(str(sleeper.pid))
+            dt = time.perf_counter() - t0
+            for f in c.procs_files():  # back out, so the cgroup can go
+                with open(str(Path(f).parent.parent / "cgroup.procs"), "w") as fh:
+                    fh.write(str(sleeper.pid))
+            c.remove()
+            return dt
+        for pause, label in ((0.0, "cgroup attach right after another"), (0.05, "cgroup attach 50 ms after the last")):
+            out[label] = statistics.median(attach(pause) for _ in range(max(5, n // 2))) * 1e3
+        sleeper.kill()
+        sleeper.wait()
         out["cgroup create+remove"] = _median_ms(lambda: factory.create(64, 256 << 20).remove(), n)
 
     def scratch() -> None:
@@ -112,35 +146,38 @@ def profile(problem_dir: str, n: int) -> Dict[str, Any]:
         inp = Path(io) / "in"
         inp.write_bytes(test.input)
         limits = run_limits(problem.time_limit_s, problem.memory_limit_mb)
-        child, total = [], []
+        launch, total, child, plain = [], [], [], []
         for _ in range(n):
             t0 = time.perf_counter()
-            o = run_binary(sb, c.binary, inp, limits, cpu)
-            total.append(time.perf_counter() - t0)
+            run = prepare_binary(sb, c.binary, inp, limits, cpu)
+            t1 = time.perf_counter()
+            o = run.start()
+            t2 = time.perf_counter()
+            launch.append(t1 - t0)
+            total.append(t2 - t1)
             child.append(o.wall_s)
-        out["test run sandboxed: total"] = statistics.median(total) * 1e3
-        out["test run sandboxed: child lifetime (launcher+bwrap+program)"] = statistics.median(child) * 1e3
-        out["test run sandboxed: parent work outside the child"] = statistics.median(
-            [t - w for t, w in zip(total, child)]) * 1e3
-
-        def plain() -> None:
+            t0 = time.perf_counter()
             with open(inp, "rb") as f:
                 subprocess.run([str(c.binary)], stdin=f, capture_output=True)
-        out["test run plain subprocess"] = _median_ms(plain, n)
+            plain.append(time.perf_counter() - t0)
+        med = lambda v: statistics.median(v) * 1e3  # noqa: E731
+        out["test run sandboxed: launch (spawn, cgroup, attach; ahead of time)"] = med(launch)
+        out["test run sandboxed: start -> reaped and cleaned"] = med(total)
+        out["test run sandboxed: of which child lifetime (bwrap + program)"] = med(child)
+        out["test run plain subprocess"] = med(plain)
+
+    argv, name = COMPILE[lang]
 
     def sandboxed_compile() -> None:
         with compiled(sb, src, lang, climits) as cc:
             assert cc.ok
-
-    argv, name = COMPILE[lang]
 
     def plain_compile() -> None:
         with tempfile.TemporaryDirectory() as d:
             Path(d, name).write_text(src)
             subprocess.run(argv, cwd=d, check=True, capture_output=True)
     m = max(5, n // 4)
-    out["compile sandboxed"] = _median_ms(sandboxed_compile, m)
-    out["compile plain"] = _median_ms(plain_compile, m)
+    out.update(_interleaved_ms({"compile sandboxed": sandboxed_compile, "compile plain": plain_compile}, m))
     with tempfile.TemporaryDirectory() as cache:
         settings = EvalSettings(timing="wall", timing_runs=1, warmup_runs=0, cache_dir=cache, cpu=cpu)
         evaluate(problem, src, lang, settings, sb)

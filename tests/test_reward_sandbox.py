@@ -230,3 +230,27 @@ def test_launcher_failure_is_reported_on_its_own_channel():
 def test_program_exit_125_is_a_program_verdict(problem, settings):
     r = run(problem, settings, "int main(void){ return 125; }")
     assert r.status == "runtime_error" and "125" in r.reason
+
+
+def test_cancelled_prepared_run_never_runs(tmp_path):
+    """A prepared run waits fully set up; cancel() must not release it (bwrap reads EOF on its
+    block fd as "go"), start() must. The command leaves a mark in its (bound) working dir."""
+    import time
+
+    from elastic.reward.sandbox import Limits, Sandbox
+
+    sb = Sandbox()
+    cmd = ["/bin/sh", "-c", "echo ran > mark"]
+    for action in ("cancel", "start", "leave the with block"):
+        d = tmp_path / action.replace(" ", "-")
+        d.mkdir()
+        with sb.prepare(cmd, d, Limits(wall_s=5)) as run:
+            time.sleep(0.3)  # long enough for the wrapper to be waiting
+            if action == "cancel":
+                run.cancel()
+            elif action == "start":
+                o = run.start()
+                assert o.ok, (o.sandbox_error, o.stderr)
+        time.sleep(0.3)
+        assert (d / "mark").exists() is (action == "start"), action
+    assert leftover_cgroups() == []

@@ -16,7 +16,6 @@ reference broken, unexpected exception) is ``sandbox_error``, never a program ve
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import tempfile
@@ -27,7 +26,7 @@ from typing import Optional
 from elastic.reward.checkers import check
 from elastic.reward.extract import extract_code
 from elastic.reward.problems import Problem
-from elastic.reward.programs import classify, compile_in, compile_limits, compiled, prepare_binary, run_limits
+from elastic.reward.programs import RunQueue, classify, compile_in, compile_limits, compiled, run_limits
 from elastic.reward.result import Result, TestResult, Timing
 from elastic.reward.sandbox import Sandbox
 from elastic.reward.scoring import speedup_reward
@@ -35,7 +34,6 @@ from elastic.reward.settings import EvalSettings
 from elastic.reward.timing import ReferenceError_, bench_input, measure, reference_timing
 
 log = logging.getLogger("elastic.reward")
-PREPARE_AHEAD = 8  # test runs launched ahead of their turn (each holds a waiting process and a cgroup)
 
 _SANDBOXES: dict = {}
 
@@ -94,42 +92,36 @@ def _evaluate(problem: Problem, source: str, lang: str, settings: EvalSettings, 
     cpu = settings.pinned_cpu()
     climits = compile_limits(settings.compile_time_limit_s, settings.compile_memory_mb)
     limits = run_limits(problem.time_limit_s, problem.memory_limit_mb)
-    with sandbox.scratch() as d, tempfile.TemporaryDirectory(prefix="elastic-io-") as io, \
-            contextlib.ExitStack() as pending:
+    with sandbox.scratch() as d, tempfile.TemporaryDirectory(prefix="elastic-io-") as io:
         binary = d / "prog"
         inputs = []
         for i, t in enumerate(problem.tests):
             inputs.append(Path(io) / f"{i}.in")
             inputs[-1].write_bytes(t.input)
-        # Launch the test runs before compiling (Sandbox.prepare): their cgroup attaches then
-        # happen back to back, not one RCU grace period after the compile (see launcher.py).
-        runs = collections.deque(pending.enter_context(prepare_binary(sandbox, binary, inp, limits, cpu))
-                                 for inp in inputs[:PREPARE_AHEAD])
-        c = compile_in(sandbox, d, source, lang, climits)
-        cout = c.outcome.stderr.decode(errors="replace")[-4000:]
-        if not c.ok:
-            status = "sandbox_error" if c.sandbox_error else "compile_error"
-            return _fail(problem, settings, status, c.reason, compile_output=cout)
-        tests = []
-        failed: Optional[TestResult] = None
-        for i, t in enumerate(problem.tests):
-            if failed is not None:
-                tests.append(TestResult(t.name, "skipped"))
-                continue
-            run = runs.popleft()
-            if i + PREPARE_AHEAD < len(inputs):
-                runs.append(pending.enter_context(prepare_binary(sandbox, binary, inputs[i + PREPARE_AHEAD], limits, cpu)))
-            o = run.start()
-            status, detail = classify(o, limits)
-            if status == "ok":
-                passed, why = check(problem.checker, o.stdout, t.expected)
-                if not passed:
-                    status, detail = "wrong_answer", why
-            tr = TestResult(t.name, status, round(o.wall_s, 6), detail)
-            tests.append(tr)
-            if status != "ok":
-                failed = tr
-        pending.close()  # cancels the runs a failed test made unnecessary
+        # The test runs are launched before the compile (RunQueue): their cgroup attaches and
+        # sandbox set-ups overlap it instead of following it.
+        with RunQueue(sandbox, binary, inputs, limits, cpu) as runs:
+            c = compile_in(sandbox, d, source, lang, climits)
+            cout = c.outcome.stderr.decode(errors="replace")[-4000:]
+            if not c.ok:
+                status = "sandbox_error" if c.sandbox_error else "compile_error"
+                return _fail(problem, settings, status, c.reason, compile_output=cout)
+            tests = []
+            failed: Optional[TestResult] = None
+            for t in problem.tests:
+                if failed is not None:
+                    tests.append(TestResult(t.name, "skipped"))
+                    continue
+                o = runs.next()
+                status, detail = classify(o, limits)
+                if status == "ok":
+                    passed, why = check(problem.checker, o.stdout, t.expected)
+                    if not passed:
+                        status, detail = "wrong_answer", why
+                tr = TestResult(t.name, status, round(o.wall_s, 6), detail)
+                tests.append(tr)
+                if status != "ok":
+                    failed = tr
         if failed is not None:
             return _fail(problem, settings, failed.status, f"test {failed.name}: {failed.detail}",
                          tests=tests, compile_output=cout)

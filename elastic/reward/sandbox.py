@@ -44,6 +44,7 @@ from elastic.reward.cgroups import CgroupStats, RunCgroup, _pid_alive
 from elastic.reward.isolation import BWRAP_BASE, Isolation, detect, log, system_binds
 
 SANDBOX_DIR = "/sandbox"
+FILES_DIR = "/.files"  # read-only directories of the files a run is given (see Sandbox._wrap)
 SWEEP_INTERVAL_S = 60.0  # backstop full sweep; owners seen alive are re-checked every run
 USER_TASKS_TTL_S = 1.0  # non-root with a pids cgroup: how long a /proc task count is reused
 USER_TASKS_SLACK = 64  # ...and the headroom added for tasks started since it was counted
@@ -185,20 +186,36 @@ class Sandbox:
 
     # -- command construction ------------------------------------------------------------
     def _wrap(self, argv: List[str], workdir: Path, limits: Limits, tmpfs_workdir: bool,
-              status_fd: Optional[int], files: Optional[Dict[str, Path]] = None) -> List[str]:
+              status_fd: Optional[int], files: Optional[Dict[str, Path]] = None,
+              block_fd: Optional[int] = None) -> List[str]:
+        """The wrapper command line. Under bwrap, `files` are exposed read-only through their
+        directories (bound at /.files/<i>) and a symlink in the working dir, so they need to
+        exist only when the program starts, not when bwrap sets up; with `block_fd` bwrap sets
+        everything up, then waits for a byte on it before exec'ing the program."""
         if self.iso.wrapper == "bwrap":
             w = ["bwrap", *BWRAP_BASE, *self._system_binds, "--proc", "/proc", "--dev", "/dev",
                  "--size", str(limits.scratch_mb << 20), "--tmpfs", "/tmp"]
             if tmpfs_workdir:
                 w += ["--size", str(limits.scratch_mb << 20), "--tmpfs", SANDBOX_DIR]
-                entries = sorted(files.items()) if files is not None else [(p.name, p) for p in sorted(workdir.iterdir())]
-                for name, path in entries:
-                    w += ["--ro-bind", str(path), f"{SANDBOX_DIR}/{name}"]
+                if files is not None:
+                    dirs: Dict[Path, str] = {}
+                    links: List[str] = []
+                    for name, path in sorted(files.items()):
+                        mount = dirs.setdefault(path.parent, f"{FILES_DIR}/{len(dirs)}")
+                        links += ["--symlink", f"{mount}/{path.name}", f"{SANDBOX_DIR}/{name}"]
+                    for d, mount in dirs.items():
+                        w += ["--ro-bind", str(d), mount]
+                    w += links
+                else:
+                    for p in sorted(workdir.iterdir()):
+                        w += ["--ro-bind", str(p), f"{SANDBOX_DIR}/{p.name}"]
             else:
                 w += ["--bind", str(workdir), SANDBOX_DIR]
             w += ["--chdir", SANDBOX_DIR]
             if status_fd is not None:
                 w += ["--json-status-fd", str(status_fd)]
+            if block_fd is not None:
+                w += ["--block-fd", str(block_fd)]
             return w + ["--", *argv]
         if self.iso.wrapper == "unshare":
             return [*self.iso.unshare_prefix, "--", *argv]
@@ -396,9 +413,9 @@ class Sandbox:
 class PreparedRun:
     """One sandboxed command, launched by :meth:`Sandbox.prepare` and run by :meth:`start`.
 
-    Call exactly one of :meth:`start` (returns the RunOutcome) or :meth:`cancel` (the launcher
-    exits without exec'ing anything); as a context manager, leaving the block cancels a run
-    that was never started. Either way pipes, processes and the run's cgroup are cleaned up.
+    Call exactly one of :meth:`start` (returns the RunOutcome) or :meth:`cancel` (the program
+    never runs); as a context manager, leaving the block cancels a run that was never started.
+    Either way pipes, processes and the run's cgroup are cleaned up.
     """
 
     def __init__(self, sb: Sandbox, argv: List[str], workdir: Path, limits: Limits, stdin_path: Optional[Path],
@@ -409,6 +426,7 @@ class PreparedRun:
         self.proc: Optional[subprocess.Popen] = None
         self.pipes: List[int] = []  # parent-side fds to close at the end
         self.status_r = self.log_r = self.launch_r = self.go_w = None
+        self.blocked_in_bwrap = False
         self.done = False
         factory = sb.iso.cgroups
         sb._maybe_sweep()
@@ -428,18 +446,26 @@ class PreparedRun:
                 self.status_r, status_w = self._pipe(child_fds)
             if want_log:
                 self.log_r, log_w = self._pipe(child_fds)
-            wrapped = sb._wrap(argv, workdir, limits, tmpfs_workdir, status_w, files)
-            wrapped = [a.replace("{LOG_FD}", str(log_w)) for a in wrapped]
             preexec = None
             if sb.launcher is not None:
                 self.launch_r, launch_w = self._pipe(child_fds)
                 go_r, self.go_w = os.pipe()
                 self.pipes.append(self.go_w)
                 child_fds.append(go_r)
+                # Under bwrap the start byte goes to bwrap itself: namespaces and mounts are set up
+                # ahead of time too. Safe because the launcher has already applied the cgroup,
+                # rlimits and pinning: an early EOF (a dying parent) could only start a fully
+                # confined program, which --die-with-parent then kills. Otherwise the launcher waits.
+                self.blocked_in_bwrap = in_ns
+                wrapped = sb._wrap(argv, workdir, limits, tmpfs_workdir, status_w, files,
+                                   block_fd=go_r if in_ns else None)
                 procs = self.cg.procs_files() if self.cg is not None else []
-                wrapped = launcher.argv(sb.launcher, launch_w, procs, rlimits, cpu, wait_fd=go_r) + wrapped
+                wrapped = launcher.argv(sb.launcher, launch_w, procs, rlimits, cpu,
+                                        wait_fd=None if in_ns else go_r) + wrapped
             else:
+                wrapped = sb._wrap(argv, workdir, limits, tmpfs_workdir, status_w, files)
                 preexec = Sandbox._preexec(rlimits, self.cg, cpu)
+            wrapped = [a.replace("{LOG_FD}", str(log_w)) for a in wrapped]
             self._popen_kw = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(workdir), env=env,
                                   start_new_session=True, pass_fds=tuple(child_fds), close_fds=True,
                                   preexec_fn=preexec)
@@ -516,17 +542,19 @@ class PreparedRun:
             self._cleanup()
 
     def cancel(self) -> None:
-        """Abort a run that was never started: the launcher reads EOF and exits."""
+        """Abort a run that was never started; its program never runs.
+
+        Everything is killed and the wrapper reaped *before* the start pipe closes: bwrap
+        treats EOF on its block fd as "go" (the launcher, which waits itself otherwise, treats
+        it as "abort")."""
         if self.done:
             return
         try:
-            if self.go_w is not None:
-                os.close(self.go_w)
-                self.pipes.remove(self.go_w)
-                self.go_w = None
             if self.proc is not None:
                 Sandbox._kill_group(self.proc.pid)
-                os.wait4(self.proc.pid, 0)
+                if self.cg is not None:
+                    self.cg.kill_all()
+                os.wait4(self.proc.pid, 0)  # its exit SIGKILLs bwrap's child (--die-with-parent)
                 self.proc.returncode = 0
         finally:
             self._cleanup()

@@ -4,9 +4,10 @@ Modes:
 
 * ``wall``: ``warmup_runs`` untimed runs, then the median of ``timing_runs`` wall-clock runs,
   every run pinned to one core (``sched_setaffinity`` in the child). Measured from the parent
-  from the moment the already launched, attached and limited run is released
-  (``PreparedRun.start``) to its exit, so it includes a constant few-ms sandbox start-up
-  (bubblewrap's namespaces and mounts) but not the spawn or the cgroup attach.
+  from just after the spawn (``PreparedRun.start`` right after ``Sandbox.prepare``) to the
+  exit, so it includes a constant few-ms sandbox start-up (the launcher's cgroup attach and
+  limits, bubblewrap's namespaces and mounts). Timed runs are not launched ahead of time:
+  another run's set-up would share the pinned core.
 * ``instructions``: one run under a deterministic instruction counter: ``perf stat -e
   instructions:u`` where the kernel exposes the counter, else ``valgrind --tool=callgrind``
   (~50x slower, so the run gets ``instructions_time_limit_s``). The count comes over a
@@ -47,7 +48,7 @@ from elastic.reward.programs import classify, run_binary
 from elastic.reward.sandbox import Limits, Sandbox
 
 GEN_BENCH_TIMEOUT_S = 300.0
-TIMING_VERSION = 2  # 2: wall clock starts when a prepared run is released (was: before the spawn)
+TIMING_VERSION = 2  # 2: wall clock starts after the spawn (was: before a fork + preexec_fn)
 
 
 class ReferenceError_(RuntimeError):
