@@ -182,13 +182,31 @@ int main(void) {
 """
 
 
+def _isolation(wrapper: str):
+    """The detected layers with bwrap, or the `unshare` fallback (detection cache restored)."""
+    from elastic.reward import isolation
+
+    if wrapper == "bwrap":
+        return isolation.detect()
+    saved = isolation._DETECTED
+    try:
+        iso = isolation.detect(force=True, allow_bwrap=False)
+    finally:
+        isolation._DETECTED = saved
+    if iso.wrapper != "unshare":
+        pytest.skip("no usable unshare here")
+    return iso
+
+
+@pytest.mark.parametrize("wrapper", ["bwrap", "unshare"])
 @pytest.mark.parametrize("use_launcher", [True, False], ids=["launcher", "preexec_fn"])
-def test_limits_are_in_place_when_the_program_starts(tmp_path, use_launcher):
-    """Both spawn paths (exec shim, preexec_fn fallback) apply the same rlimits and pinning."""
+def test_limits_are_in_place_when_the_program_starts(tmp_path, use_launcher, wrapper):
+    """Both spawn paths (exec shim, preexec_fn fallback) apply the same rlimits and pinning,
+    under bwrap and under the unshare fallback."""
     from elastic.reward.programs import compile_limits, compiled, run_binary, run_limits
     from elastic.reward.sandbox import Sandbox
 
-    sb = Sandbox(use_launcher=use_launcher)
+    sb = Sandbox(isolation=_isolation(wrapper), use_launcher=use_launcher)
     assert (sb.launcher is not None) is use_launcher
     cpu = sorted(os.sched_getaffinity(0))[-1]
     limits = run_limits(2.0, 128)
@@ -232,14 +250,16 @@ def test_program_exit_125_is_a_program_verdict(problem, settings):
     assert r.status == "runtime_error" and "125" in r.reason
 
 
-def test_cancelled_prepared_run_never_runs(tmp_path):
+@pytest.mark.parametrize("wrapper", ["bwrap", "unshare"])
+def test_cancelled_prepared_run_never_runs(tmp_path, wrapper):
     """A prepared run waits fully set up; cancel() must not release it (bwrap reads EOF on its
-    block fd as "go"), start() must. The command leaves a mark in its (bound) working dir."""
+    block fd as "go"; the launcher, waiting itself under unshare, as "abort"), start() must.
+    The command leaves a mark in its working dir."""
     import time
 
     from elastic.reward.sandbox import Limits, Sandbox
 
-    sb = Sandbox()
+    sb = Sandbox(isolation=_isolation(wrapper))
     cmd = ["/bin/sh", "-c", "echo ran > mark"]
     for action in ("cancel", "start", "leave the with block"):
         d = tmp_path / action.replace(" ", "-")
