@@ -31,7 +31,7 @@ from elastic.reward.result import Result, TestResult, Timing
 from elastic.reward.sandbox import Sandbox
 from elastic.reward.scoring import speedup_reward
 from elastic.reward.settings import EvalSettings
-from elastic.reward.timing import ReferenceError_, bench_input, measure, reference_timing
+from elastic.reward.timing import ReferenceError_, bench_input, bench_runs, measure, reference_timing
 
 log = logging.getLogger("elastic.reward")
 
@@ -98,9 +98,13 @@ def _evaluate(problem: Problem, source: str, lang: str, settings: EvalSettings, 
         for i, t in enumerate(problem.tests):
             inputs.append(Path(io) / f"{i}.in")
             inputs[-1].write_bytes(t.input)
-        # The test runs are launched before the compile (RunQueue): their cgroup attaches and
-        # sandbox set-ups overlap it instead of following it.
-        with RunQueue(sandbox, binary, inputs, limits, cpu) as runs:
+        # Every run of the program is launched before the compile (RunQueue): all cgroup
+        # attaches share one RCU grace period, and the test sandboxes are set up meanwhile.
+        stdin = bench_input(problem, cache)
+        with RunQueue(sandbox, binary, inputs, limits, cpu) as runs, \
+                bench_runs(sandbox, binary, stdin, settings.timing, settings.timing_runs, settings.warmup_runs,
+                           problem.bench_time_limit_s, problem.memory_limit_mb, settings.instructions_time_limit_s,
+                           cpu) as timed:
             c = compile_in(sandbox, d, source, lang, climits)
             cout = c.outcome.stderr.decode(errors="replace")[-4000:]
             if not c.ok:
@@ -122,24 +126,24 @@ def _evaluate(problem: Problem, source: str, lang: str, settings: EvalSettings, 
                 tests.append(tr)
                 if status != "ok":
                     failed = tr
-        if failed is not None:
-            return _fail(problem, settings, failed.status, f"test {failed.name}: {failed.detail}",
-                         tests=tests, compile_output=cout)
-        assert c.binary is not None
+            if failed is not None:
+                return _fail(problem, settings, failed.status, f"test {failed.name}: {failed.detail}",
+                             tests=tests, compile_output=cout)
+            assert c.binary is not None
 
-        @contextlib.contextmanager
-        def reference_binary():
-            with compiled(sandbox, problem.reference_source, problem.language, climits) as rc:
-                if not rc.ok:
-                    raise ReferenceError_(f"{problem.id}: reference does not compile: {rc.reason}")
-                yield rc.binary
+            @contextlib.contextmanager
+            def reference_binary():
+                with compiled(sandbox, problem.reference_source, problem.language, climits) as rc:
+                    if not rc.ok:
+                        raise ReferenceError_(f"{problem.id}: reference does not compile: {rc.reason}")
+                    yield rc.binary
 
-        ref, ref_out, cached = reference_timing(sandbox, problem, reference_binary, cache, settings.timing,
-                                                settings.timing_runs, settings.warmup_runs,
-                                                settings.instructions_time_limit_s, cpu)
-        stdin = bench_input(problem, cache)
-        m = measure(sandbox, c.binary, stdin, settings.timing, settings.timing_runs, settings.warmup_runs,
-                    problem.bench_time_limit_s, problem.memory_limit_mb, settings.instructions_time_limit_s, cpu)
+            ref, ref_out, cached = reference_timing(sandbox, problem, reference_binary, cache, settings.timing,
+                                                    settings.timing_runs, settings.warmup_runs,
+                                                    settings.instructions_time_limit_s, cpu)
+            m = measure(sandbox, c.binary, stdin, settings.timing, settings.timing_runs, settings.warmup_runs,
+                        problem.bench_time_limit_s, problem.memory_limit_mb, settings.instructions_time_limit_s, cpu,
+                        queue=timed)
         if m.failure is not None:
             return _fail(problem, settings, m.failure[0], f"benchmark input: {m.failure[1]}", tests=tests,
                          compile_output=cout)

@@ -14,7 +14,8 @@ Failure is reported on a dedicated pipe (``-e FD``), never by exit code or stder
 program could forge: the shim writes one line there and exits 125; on success the fd is
 close-on-exec, so the program never sees it and the parent reads EOF.
 
-With ``-w FD`` the shim, once attached and limited, waits for one byte on FD before it
+With ``-w FD`` the shim, once attached and limited, writes ``+`` on the report pipe (so a
+timed run's clock can start after the attach), then waits for one byte on FD before it
 execs, and exits (never execs) on EOF. The sandbox uses this to launch a run ahead of time
 (:meth:`elastic.reward.sandbox.Sandbox.prepare`): in cgroup v1 a ``cgroup.procs`` write waits
 for an RCU grace period (~12 ms here) unless another attach happened just before, so the
@@ -103,6 +104,7 @@ int main(int argc, char **argv) {
     if (waitfd >= 0) {
         char go;
         ssize_t r;
+        if (errfd >= 0 && write(errfd, "+", 1) != 1) fail("write", "ready mark");  /* attached and limited */
         do { r = read(waitfd, &go, 1); } while (r < 0 && errno == EINTR);
         if (r != 1) { errno = ECANCELED; fail("start", "not signalled"); }
     }
@@ -113,6 +115,7 @@ int main(int argc, char **argv) {
 """
 
 EXIT_LAUNCHER_FAILED = 125
+READY_MARK = b"+"
 _BUILT: Optional[str] = None
 _TRIED = False
 

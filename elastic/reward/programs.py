@@ -82,17 +82,18 @@ def run_binary(sandbox: Sandbox, binary: Path, stdin: Path, limits: Limits, cpu:
                prefix: Optional[List[str]] = None, want_log: bool = False) -> RunOutcome:
     """Run the binary in a fresh working directory: under bwrap a tmpfs made for this run with
     the binary bound in read-only (no host directory needed), else a fresh scratch dir."""
-    return prepare_binary(sandbox, binary, stdin, limits, cpu, prefix, want_log).start()
+    return prepare_binary(sandbox, binary, stdin, limits, cpu, prefix, want_log, setup_ahead=False).start()
 
 
 def prepare_binary(sandbox: Sandbox, binary: Path, stdin: Path, limits: Limits, cpu: Optional[int],
-                   prefix: Optional[List[str]] = None, want_log: bool = False) -> "PreparedRun | _DeferredRun":
+                   prefix: Optional[List[str]] = None, want_log: bool = False,
+                   setup_ahead: bool = True) -> "PreparedRun | _DeferredRun":
     """:func:`run_binary`, launched now and started later (see Sandbox.prepare); under bwrap
     the binary need not exist yet."""
     argv = [*(prefix or []), "./prog"]
     if sandbox.iso.wrapper == "bwrap":
         return sandbox.prepare(argv, binary.parent, limits, stdin_path=stdin, cpu=cpu, tmpfs_workdir=True,
-                               want_log=want_log, files={"prog": binary})
+                               want_log=want_log, files={"prog": binary}, setup_ahead=setup_ahead)
 
     def run_in_scratch() -> RunOutcome:
         with run_dir(sandbox, binary) as d:
@@ -102,24 +103,29 @@ def prepare_binary(sandbox: Sandbox, binary: Path, stdin: Path, limits: Limits, 
 
 class RunQueue:
     """Runs of one binary on several inputs, each launched (Sandbox.prepare: spawn, cgroup
-    attach, limits, bwrap's namespaces and mounts) up to `ahead` runs before its turn.
+    attach, limits, and with `setup_ahead` bwrap's namespaces and mounts) up to `ahead` runs
+    before its turn.
 
-    Why: the first run after a pause pays a cgroup v1 attach (an RCU grace period, ~12 ms) and
-    every run pays bwrap's set-up (~3 ms); launched ahead, both overlap whatever the caller does
-    meanwhile (the compile, the previous test). Not for timed runs: a set-up would share the
-    pinned core with the run being timed. Leaving the ``with`` block cancels what is left.
+    Why: a cgroup v1 attach waits for an RCU grace period (~10 ms) unless another attach
+    happened just before, and bwrap's set-up costs ~3 ms; launched together before the compile,
+    a program's runs share one grace period, and their set-ups overlap the compile. Timed runs
+    use ``setup_ahead=False``: attached early, but set up after start, so no set-up shares the
+    pinned core with a timed run. Leaving the ``with`` block cancels what is left.
     """
 
     def __init__(self, sandbox: Sandbox, binary: Path, stdins: List[Path], limits: Limits, cpu: Optional[int],
-                 ahead: int = PREPARE_AHEAD) -> None:
-        self.sandbox, self.binary, self.stdins, self.limits, self.cpu, self.ahead = sandbox, binary, stdins, limits, cpu, ahead
+                 ahead: int = PREPARE_AHEAD, setup_ahead: bool = True, prefix: Optional[List[str]] = None,
+                 want_log: bool = False) -> None:
+        self.sandbox, self.binary, self.stdins, self.limits, self.cpu = sandbox, binary, stdins, limits, cpu
+        self.ahead, self.setup_ahead, self.prefix, self.want_log = ahead, setup_ahead, prefix, want_log
         self._queue: "collections.deque[PreparedRun | _DeferredRun]" = collections.deque()
         self._next = 0
         self._fill()
 
     def _fill(self) -> None:
         while self._next < len(self.stdins) and len(self._queue) < self.ahead:
-            self._queue.append(prepare_binary(self.sandbox, self.binary, self.stdins[self._next], self.limits, self.cpu))
+            self._queue.append(prepare_binary(self.sandbox, self.binary, self.stdins[self._next], self.limits,
+                                              self.cpu, self.prefix, self.want_log, self.setup_ahead))
             self._next += 1
 
     def next(self) -> RunOutcome:

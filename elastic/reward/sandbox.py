@@ -29,6 +29,7 @@ import contextlib
 import errno
 import os
 import resource
+import select
 import selectors
 import shutil
 import signal
@@ -287,18 +288,22 @@ class Sandbox:
         whose content is returned as ``RunOutcome.log`` (for valgrind/perf reports: valgrind
         moves its log fd out of the program's reach, so the program cannot forge the count).
         """
-        return self.prepare(argv, workdir, limits, stdin_path, cpu, tmpfs_workdir, want_log, files).start()
+        return self.prepare(argv, workdir, limits, stdin_path, cpu, tmpfs_workdir, want_log, files,
+                            setup_ahead=False).start()
 
     def prepare(self, argv: List[str], workdir: Path, limits: Limits, stdin_path: Optional[Path] = None,
                 cpu: Optional[int] = None, tmpfs_workdir: bool = False, want_log: bool = False,
-                files: Optional[Dict[str, Path]] = None) -> "PreparedRun":
+                files: Optional[Dict[str, Path]] = None, setup_ahead: bool = True) -> "PreparedRun":
         """Launch a run now and start it later (arguments as for :meth:`run`).
 
-        With the launcher, the process exists after this call: in its cgroup, limited, pinned,
-        waiting before exec. Its wall clock starts at :meth:`PreparedRun.start`. Files named
-        in `files` need only exist by then. Without the launcher the spawn waits for start().
+        With the launcher, the process exists after this call: in its cgroup, limited, pinned.
+        With `setup_ahead` under bwrap it goes on to set up its namespaces and mounts and waits
+        in bwrap just before exec'ing the program; otherwise it waits in the launcher and
+        bwrap's set-up happens after :meth:`PreparedRun.start`, inside the run's wall clock
+        (what timed runs want: no set-up ever shares the core with a timed run). Files named
+        in `files` need only exist at start. Without the launcher the spawn waits for start().
         """
-        return PreparedRun(self, argv, workdir, limits, stdin_path, cpu, tmpfs_workdir, want_log, files)
+        return PreparedRun(self, argv, workdir, limits, stdin_path, cpu, tmpfs_workdir, want_log, files, setup_ahead)
 
     def _pump(self, proc: subprocess.Popen, out: RunOutcome, limits: Limits, t0: float,
               status_r: Optional[int], log_r: Optional[int], launch_r: Optional[int] = None) -> Tuple[str, str]:
@@ -419,7 +424,8 @@ class PreparedRun:
     """
 
     def __init__(self, sb: Sandbox, argv: List[str], workdir: Path, limits: Limits, stdin_path: Optional[Path],
-                 cpu: Optional[int], tmpfs_workdir: bool, want_log: bool, files: Optional[Dict[str, Path]]) -> None:
+                 cpu: Optional[int], tmpfs_workdir: bool, want_log: bool, files: Optional[Dict[str, Path]],
+                 setup_ahead: bool = True) -> None:
         self.sb, self.limits = sb, limits
         self.out = RunOutcome()
         self.cg: Optional[RunCgroup] = None
@@ -427,6 +433,7 @@ class PreparedRun:
         self.pipes: List[int] = []  # parent-side fds to close at the end
         self.status_r = self.log_r = self.launch_r = self.go_w = None
         self.blocked_in_bwrap = False
+        self._early_report = ""
         self.done = False
         factory = sb.iso.cgroups
         sb._maybe_sweep()
@@ -456,12 +463,12 @@ class PreparedRun:
                 # ahead of time too. Safe because the launcher has already applied the cgroup,
                 # rlimits and pinning: an early EOF (a dying parent) could only start a fully
                 # confined program, which --die-with-parent then kills. Otherwise the launcher waits.
-                self.blocked_in_bwrap = in_ns
+                self.blocked_in_bwrap = in_ns and setup_ahead
                 wrapped = sb._wrap(argv, workdir, limits, tmpfs_workdir, status_w, files,
-                                   block_fd=go_r if in_ns else None)
+                                   block_fd=go_r if self.blocked_in_bwrap else None)
                 procs = self.cg.procs_files() if self.cg is not None else []
                 wrapped = launcher.argv(sb.launcher, launch_w, procs, rlimits, cpu,
-                                        wait_fd=None if in_ns else go_r) + wrapped
+                                        wait_fd=None if self.blocked_in_bwrap else go_r) + wrapped
             else:
                 wrapped = sb._wrap(argv, workdir, limits, tmpfs_workdir, status_w, files)
                 preexec = Sandbox._preexec(rlimits, self.cg, cpu)
@@ -500,6 +507,8 @@ class PreparedRun:
         assert not self.done, "a prepared run starts once"
         out, limits = self.out, self.limits
         try:
+            if self.go_w is not None and not self.blocked_in_bwrap:
+                self._await_ready()  # the clock starts after the launcher's cgroup attach
             t0 = time.perf_counter()
             if self.go_w is not None:
                 try:
@@ -515,6 +524,7 @@ class PreparedRun:
             if proc is None:
                 return out
             status, launch_error = self.sb._pump(proc, out, limits, t0, self.status_r, self.log_r, self.launch_r)
+            launch_error = (self._early_report + launch_error).strip()
             Sandbox._kill_group(proc.pid)
             # Reap first: a cgroup emptied before this would still hold the exiting wrapper.
             _, wstatus, ru = os.wait4(proc.pid, 0)
@@ -540,6 +550,26 @@ class PreparedRun:
             return out
         finally:
             self._cleanup()
+
+    def _await_ready(self, timeout_s: float = 30.0) -> None:
+        """Consume the launcher's ready mark (or whatever it reported instead, kept for later)."""
+        fd = self.launch_r
+        if fd is None:
+            return
+        deadline = time.monotonic() + timeout_s
+        got = b""
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            chunk = os.read(fd, 512)
+            if not chunk:
+                break
+            got += chunk
+            if got.startswith(launcher.READY_MARK):
+                got = got[len(launcher.READY_MARK):]
+                break
+        self._early_report = got.decode(errors="replace")
 
     def cancel(self) -> None:
         """Abort a run that was never started; its program never runs.
