@@ -39,17 +39,25 @@ def leftover_programs() -> List[str]:
     return found
 
 
-def leftover_scratch() -> List[str]:
-    return [p.name for p in Path(tempfile.gettempdir()).glob("elastic-sbx-*")]
+def _owner_dead(name: str) -> bool:
+    owner = name.split("-")[2]
+    return owner.isdigit() and not os.path.exists(f"/proc/{owner}")
 
 
-def leftover_cgroups() -> List[str]:
+def leftover_scratch(dead_owners_only: bool = False) -> List[str]:
+    return [p.name for p in Path(tempfile.gettempdir()).glob("elastic-sbx-*")
+            if not dead_owners_only or _owner_dead(p.name)]
+
+
+def leftover_cgroups(dead_owners_only: bool = False) -> List[str]:
+    """Run cgroups on the host; a live sandbox keeps one for its spare launcher, so callers
+    either close their sandbox first or look only at owners that died."""
     out = []
     for ctrl in ("pids", "memory", "unified"):
         root = Path("/sys/fs/cgroup") / ctrl
         if root.is_dir():
             try:
-                out += [str(p) for p in root.rglob("elastic-sbx-*")]
+                out += [str(p) for p in root.rglob("elastic-sbx-*") if not dead_owners_only or _owner_dead(p.name)]
             except OSError:
                 pass
     return out

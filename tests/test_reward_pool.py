@@ -77,10 +77,11 @@ def test_killed_actor_mid_batch(pool):
     # the replacement actor serves new work
     more, more_expected = mixed_items(pool.problems, "after-kill")
     assert [r.status for r in pool.evaluate_batch(more[:3])] == more_expected[:3]
-    assert leftover_programs() == []
+    assert wait_until(lambda: leftover_programs() == [], 10), leftover_programs()
     # the killed actor could not clean up; a sandbox on this node swept its scratch dirs and cgroups
     assert all(ray.get([a.pid.remote() for a in pool.actors]))
-    assert wait_until(lambda: leftover_scratch() == [] and leftover_cgroups() == [], timeout_s=10)
+    assert wait_until(lambda: leftover_scratch(dead_owners_only=True) == []
+                      and leftover_cgroups(dead_owners_only=True) == [], timeout_s=10)
 
 
 def test_item_deadline_is_infra_failure(ray_local, pool, tmp_path):

@@ -18,7 +18,8 @@ import pytest
 
 from elastic.reward import evaluate, load_problem
 from elastic.reward.isolation import detect
-from tests.reward_helpers import FIXTURES, fast_settings, leftover_cgroups, leftover_programs, leftover_scratch
+from tests.reward_helpers import (FIXTURES, fast_settings, leftover_cgroups, leftover_programs, leftover_scratch,
+                                  wait_until)
 
 SOLVE = r"""
 #include <stdio.h>
@@ -77,7 +78,7 @@ def test_hostile_program_contained(problem, settings, name, src, expected):
     assert r.reward == settings.failure_reward
     if name == "output_flood":
         assert "output limit" in r.reason
-    assert leftover_programs() == []
+    assert wait_until(lambda: leftover_programs() == [], 10), leftover_programs()
 
 
 def test_network_is_unreachable(problem, settings):
@@ -154,16 +155,19 @@ def test_compile_time_bomb(problem, settings, lang, src):
     r = run(problem, quick, src, lang)
     assert r.status == "compile_error", (r.status, r.reason)
     assert r.duration_s < quick.compile_time_limit_s + 10
-    assert leftover_programs() == []
+    assert wait_until(lambda: leftover_programs() == [], 10), leftover_programs()
 
 
 def test_host_is_fine_afterwards(problem, settings):
     lang, src = problem.solutions["fast"]
     r = run(problem, settings, src, lang)
     assert r.status == "ok", r.reason
-    assert leftover_programs() == []
+    assert wait_until(lambda: leftover_programs() == [], 10), leftover_programs()
     assert leftover_scratch() == []
-    assert leftover_cgroups() == []
+    from elastic.reward.evaluator import default_sandbox
+
+    default_sandbox(settings.env_allow).close()  # its spare launcher holds a cgroup by design
+    assert wait_until(lambda: leftover_cgroups() == [], 10), leftover_cgroups()
 
 
 LIMITS_PROBE = r"""
@@ -222,27 +226,45 @@ def test_limits_are_in_place_when_the_program_starts(tmp_path, use_launcher, wra
     assert (ncpu, first) == (1, cpu)
 
 
-def test_launcher_failure_is_reported_on_its_own_channel():
-    """The shim reports on a private pipe, never by exit code or stderr a program could forge."""
+def _launch(cgroups, message):
+    """Run the launcher by hand: (exit code, report pipe text, stdout)."""
     import subprocess
 
     from elastic.reward import launcher
 
     exe = launcher.build()
     assert exe is not None, "gcc could not build the launcher"
-    r_fd, w_fd = os.pipe()
+    rep_r, rep_w = os.pipe()
+    msg_r, msg_w = os.pipe()
+    p = subprocess.Popen(launcher.argv(exe, rep_w, msg_r, cgroups), pass_fds=(rep_w, msg_r),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    os.close(rep_w)
+    os.close(msg_r)
     try:
-        p = subprocess.run(launcher.argv(exe, w_fd, ["/nonexistent/cgroup.procs"], [], None) + ["/bin/true"],
-                           pass_fds=(w_fd,), capture_output=True, timeout=30)
-        os.close(w_fd)
-        w_fd = -1
-        msg = os.read(r_fd, 4096).decode()
-    finally:
-        os.close(r_fd)
-        if w_fd >= 0:
-            os.close(w_fd)
-    assert p.returncode == launcher.EXIT_LAUNCHER_FAILED and p.stderr == b""
-    assert "cgroup attach /nonexistent/cgroup.procs" in msg
+        os.write(msg_w, message)
+    except BrokenPipeError:
+        pass
+    os.close(msg_w)
+    out, err = p.communicate(timeout=30)
+    with os.fdopen(rep_r, "rb") as f:
+        report = f.read().decode()
+    assert err == b""  # never stderr: a program could write there
+    return p.returncode, report, out
+
+
+def test_launcher_reports_on_its_own_channel():
+    """The shim reports on a private pipe, never by exit code or stderr a program could forge;
+    an empty message (cancelled, or its parent died) runs nothing."""
+    from elastic.reward import launcher
+
+    code, report, _ = _launch(["/nonexistent/cgroup.procs"], launcher.message(["/bin/echo", "ran"], [], None))
+    assert code == launcher.EXIT_LAUNCHER_FAILED and "cgroup attach /nonexistent/cgroup.procs" in report
+    code, report, out = _launch([], b"")
+    assert code == launcher.EXIT_LAUNCHER_FAILED and report == "+" and out == b""
+    code, report, out = _launch([], launcher.message(["/bin/echo", "ran"], [], None))
+    assert code == 0 and report == "+" and out == b"ran\n"
+    code, report, _ = _launch([], b"-x\0--\0/bin/true\0")
+    assert code == launcher.EXIT_LAUNCHER_FAILED and "unknown option -x" in report
 
 
 def test_program_exit_125_is_a_program_verdict(problem, settings):
@@ -261,10 +283,12 @@ def test_cancelled_prepared_run_never_runs(tmp_path, wrapper):
 
     sb = Sandbox(isolation=_isolation(wrapper))
     cmd = ["/bin/sh", "-c", "echo ran > mark"]
+    dirs = []
     for action in ("cancel", "start", "leave the with block"):
         d = tmp_path / action.replace(" ", "-")
         d.mkdir()
         with sb.prepare(cmd, d, Limits(wall_s=5)) as run:
+            dirs += list(run.cg.dirs) if run.cg is not None else []
             time.sleep(0.3)  # long enough for the wrapper to be waiting
             if action == "cancel":
                 run.cancel()
@@ -273,4 +297,6 @@ def test_cancelled_prepared_run_never_runs(tmp_path, wrapper):
                 assert o.ok, (o.sandbox_error, o.stderr)
         time.sleep(0.3)
         assert (d / "mark").exists() is (action == "start"), action
-    assert leftover_cgroups() == []
+    sb.close()
+    assert dirs or sb.iso.cgroups is None or not (sb.iso.cgroups.pids or sb.iso.cgroups.memory)
+    assert wait_until(lambda: not any(p.exists() for p in dirs), 10), dirs

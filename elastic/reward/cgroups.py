@@ -137,6 +137,48 @@ class RunCgroup:
                 pass
         return s
 
+    def set_limits(self, pids_max: int, memory_bytes: int) -> None:
+        """(Re)write the limits: pids.max, and memory (plus swap, where accounted) in an order
+        the kernel accepts whether they grow or shrink (v1 wants memory <= memory+swap)."""
+        if self.pids_dir is not None:
+            _write(self.pids_dir / "pids.max", str(pids_max))
+        d = self.memory_dir
+        if d is None:
+            return
+        if self.version == 2:
+            _write(d / "memory.max", str(memory_bytes))
+            return
+        mem, memsw = d / "memory.limit_in_bytes", d / "memory.memsw.limit_in_bytes"
+        try:
+            _write(mem, str(memory_bytes))
+        except OSError:  # growing above the current memory+swap limit: raise that first
+            _write(memsw, str(memory_bytes))
+            _write(mem, str(memory_bytes))
+        try:
+            _write(memsw, str(memory_bytes))
+        except OSError:  # swap not accounted here
+            pass
+
+    def try_remove(self) -> bool:
+        """One non-blocking attempt: SIGKILL what is left, rmdir if empty; True when gone."""
+        pids = self._pids()
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if pids:
+            return False
+        for d in list(self.dirs):
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                return False
+            self.dirs.remove(d)
+        return True
+
     def remove(self) -> None:
         self.kill_all()
         for d in self.dirs:

@@ -26,7 +26,8 @@ from typing import Optional
 from elastic.reward.checkers import check
 from elastic.reward.extract import extract_code
 from elastic.reward.problems import Problem
-from elastic.reward.programs import RunQueue, classify, compile_in, compile_limits, compiled, run_limits
+from elastic.reward.programs import (RunQueue, classify, compile_limits, compiled, finish_compile, run_limits,
+                                     start_compile)
 from elastic.reward.result import Result, TestResult, Timing
 from elastic.reward.sandbox import Sandbox
 from elastic.reward.scoring import speedup_reward
@@ -98,14 +99,16 @@ def _evaluate(problem: Problem, source: str, lang: str, settings: EvalSettings, 
         for i, t in enumerate(problem.tests):
             inputs.append(Path(io) / f"{i}.in")
             inputs[-1].write_bytes(t.input)
-        # Every run of the program is launched before the compile (RunQueue): all cgroup
-        # attaches share one RCU grace period, and the test sandboxes are set up meanwhile.
         stdin = bench_input(problem, cache)
-        with RunQueue(sandbox, binary, inputs, limits, cpu) as runs, \
+        # The compiler starts at once (on the sandbox's spare launcher, attached long ago); every
+        # later run of the program is launched while it compiles (RunQueue), so no run waits for
+        # a cgroup attach's RCU grace period and the test sandboxes are set up meanwhile.
+        compiling = start_compile(sandbox, d, source, lang, climits)
+        with compiling, RunQueue(sandbox, binary, inputs, limits, cpu) as runs, \
                 bench_runs(sandbox, binary, stdin, settings.timing, settings.timing_runs, settings.warmup_runs,
                            problem.bench_time_limit_s, problem.memory_limit_mb, settings.instructions_time_limit_s,
                            cpu) as timed:
-            c = compile_in(sandbox, d, source, lang, climits)
+            c = finish_compile(compiling, d)
             cout = c.outcome.stderr.decode(errors="replace")[-4000:]
             if not c.ok:
                 status = "sandbox_error" if c.sandbox_error else "compile_error"

@@ -2,26 +2,25 @@
 
 Why it exists: ``subprocess.Popen(preexec_fn=...)`` forces a real ``fork()`` of the calling
 process, and a Ray actor is a large, multi-threaded Python process: copying its page tables
-and running Python in the child cost 3-6 ms per sandboxed run (measured in a pool actor;
-see bench/reward_throughput.py --profile). Without ``preexec_fn`` CPython spawns with
-``vfork()`` (~0.8 ms). The shim then does, in its own process and before ``execvp``, exactly
-what the ``preexec_fn`` did: write its pid into the run's ``cgroup.procs`` files, set every
-rlimit, pin itself to one core. Its successor (bwrap, unshare, or the program) inherits all
-of it, so no untrusted instruction ever runs outside the limits, and nothing is racy: the
-parent never has to attach a process that is already running.
+and running Python in the child cost 3-6 ms per sandboxed run (bench/reward_profile.py).
+Without ``preexec_fn`` CPython spawns with ``vfork()``. The shim then does, in its own
+process and before ``execvp``, what the ``preexec_fn`` did; its successor (bwrap, unshare or
+the program) inherits all of it, so no untrusted instruction runs outside the limits.
 
-Failure is reported on a dedicated pipe (``-e FD``), never by exit code or stderr, which a
-program could forge: the shim writes one line there and exits 125; on success the fd is
-close-on-exec, so the program never sees it and the parent reads EOF.
+Two steps. Spawned as ``launcher -e REPORT -m MSG [-B BLOCK] -g <cgroup.procs>...``, it
+writes its pid into the run's cgroups, writes ``+`` on REPORT, then reads a message from
+MSG until EOF: NUL-separated ``-r RES:SOFT:HARD``, ``-c CPU``, ``-i STDIN``, ``-b`` (let bwrap
+inherit BLOCK for ``--block-fd``), ``--`` and the command. It applies them and execs. An
+empty message (EOF: cancelled, or the parent died) runs nothing.
 
-With ``-w FD`` the shim, once attached and limited, writes ``+`` on the report pipe (so a
-timed run's clock can start after the attach), then waits for one byte on FD before it
-execs, and exits (never execs) on EOF. The sandbox uses this to launch a run ahead of time
-(:meth:`elastic.reward.sandbox.Sandbox.prepare`): in cgroup v1 a ``cgroup.procs`` write waits
-for an RCU grace period (~12 ms here) unless another attach happened just before, so the
-evaluator launches all of a program's test runs back to back before compiling, and starts
-each when its turn comes. Since the wait is in our own code, a parent that dies releases
-nothing: EOF aborts.
+Why two steps: in cgroup v1 a ``cgroup.procs`` write waits for an RCU grace period (~10 ms
+here, more under load) unless another attach happened just before. The sandbox keeps a
+spare shim, already attached to a fresh cgroup, for the next run (the compile), and launches
+a program's other runs before compiling, so no run waits for a grace period when it starts;
+a timed run's clock starts after ``+``.
+
+Failure is reported on REPORT, never by exit code or stderr, which a program could forge:
+the shim writes one line there and exits 125; on exec REPORT closes (close-on-exec).
 
 The source is compiled once per process into a private (0700) temporary directory; if gcc
 is missing the sandbox falls back to ``preexec_fn`` (same layers, slower spawn).
@@ -51,8 +50,10 @@ SOURCE = r"""
 #include <sys/resource.h>
 #include <unistd.h>
 
-static int errfd = -1;
-static int waitfd = -1;
+#define MAX_MESSAGE (1 << 20)
+#define MAX_TOKENS 4096
+
+static int errfd = -1, msgfd = -1, blockfd = -1;
 
 static void fail(const char *what, const char *arg) {
     char buf[512];
@@ -61,22 +62,34 @@ static void fail(const char *what, const char *arg) {
     _exit(125);
 }
 
-int main(int argc, char **argv) {
+static void cloexec(int fd, const char *val) {
+    if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) fail("fcntl", val);
+}
+
+/* Options; returns the index of "--" (or argc). Spawn-time: -e -m -B -g. Message: -r -c -i -b. */
+static int parse(int argc, char **argv, int message) {
     char pid[32];
     int n = snprintf(pid, sizeof pid, "%d", (int)getpid());
-    int i = 1;
+    int i = 0;
     for (; i < argc && strcmp(argv[i], "--") != 0; i++) {
         const char *opt = argv[i];
+        if (message && !strcmp(opt, "-b")) {  /* bwrap will wait on the block fd: let it inherit it */
+            if (blockfd < 0 || fcntl(blockfd, F_SETFD, 0) != 0) fail("keep block fd", "");
+            continue;
+        }
         if (i + 1 >= argc) { errno = EINVAL; fail("missing value for", opt); }
         const char *val = argv[++i];
-        if (!strcmp(opt, "-e")) {
-            errfd = atoi(val);
-            if (fcntl(errfd, F_SETFD, FD_CLOEXEC) != 0) fail("fcntl", val);
-        } else if (!strcmp(opt, "-g")) {
+        if (!message && !strcmp(opt, "-e")) {
+            errfd = atoi(val); cloexec(errfd, val);
+        } else if (!message && !strcmp(opt, "-m")) {
+            msgfd = atoi(val); cloexec(msgfd, val);
+        } else if (!message && !strcmp(opt, "-B")) {
+            blockfd = atoi(val); cloexec(blockfd, val);
+        } else if (!message && !strcmp(opt, "-g")) {
             int fd = open(val, O_WRONLY | O_CLOEXEC);
             if (fd < 0 || write(fd, pid, (size_t)n) != n) fail("cgroup attach", val);
             close(fd);
-        } else if (!strcmp(opt, "-r")) {
+        } else if (message && !strcmp(opt, "-r")) {
             int res; unsigned long long soft, hard;
             if (sscanf(val, "%d:%llu:%llu", &res, &soft, &hard) != 3) { errno = EINVAL; fail("rlimit", val); }
             struct rlimit rl = { (rlim_t)soft, (rlim_t)hard };
@@ -88,28 +101,50 @@ int main(int argc, char **argv) {
                 rl.rlim_cur = (rlim_t)soft < cur.rlim_max ? (rlim_t)soft : cur.rlim_max;
                 if (setrlimit(res, &rl) != 0) fail("setrlimit", val);
             }
-        } else if (!strcmp(opt, "-w")) {
-            waitfd = atoi(val);
-            if (fcntl(waitfd, F_SETFD, FD_CLOEXEC) != 0) fail("fcntl", val);
-        } else if (!strcmp(opt, "-c")) {
+        } else if (message && !strcmp(opt, "-c")) {
             cpu_set_t set;
             CPU_ZERO(&set);
             CPU_SET(atoi(val), &set);
             if (sched_setaffinity(0, sizeof set, &set) != 0) fail("sched_setaffinity", val);
+        } else if (message && !strcmp(opt, "-i")) {
+            int fd = open(val, O_RDONLY | O_CLOEXEC);
+            if (fd < 0 || dup2(fd, 0) != 0) fail("stdin", val);
+            close(fd);
         } else {
             errno = EINVAL; fail("unknown option", opt);
         }
     }
-    if (i + 1 >= argc) { errno = EINVAL; fail("no command after", "--"); }
-    if (waitfd >= 0) {
-        char go;
-        ssize_t r;
-        if (errfd >= 0 && write(errfd, "+", 1) != 1) fail("write", "ready mark");  /* attached and limited */
-        do { r = read(waitfd, &go, 1); } while (r < 0 && errno == EINTR);
-        if (r != 1) { errno = ECANCELED; fail("start", "not signalled"); }
+    return i;
+}
+
+int main(int argc, char **argv) {
+    parse(argc - 1, argv + 1, 0);
+    if (msgfd < 0) { errno = EINVAL; fail("no message fd", "(-m)"); }
+    if (errfd >= 0 && write(errfd, "+", 1) != 1) fail("write", "ready mark");  /* attached */
+    char *buf = malloc(MAX_MESSAGE + 1);
+    size_t len = 0;
+    if (!buf) fail("malloc", "");
+    for (;;) {
+        ssize_t r = read(msgfd, buf + len, MAX_MESSAGE - len);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) fail("read", "message");
+        if (r == 0) break;
+        len += (size_t)r;
+        if (len == MAX_MESSAGE) { errno = E2BIG; fail("message", "too long"); }
     }
-    execvp(argv[i + 1], argv + i + 1);
-    fail("exec", argv[i + 1]);
+    if (len == 0) _exit(125);  /* cancelled: nothing is run */
+    buf[len] = 0;
+    static char *tok[MAX_TOKENS + 1];
+    int ntok = 0;
+    for (size_t at = 0; at < len; at += strlen(buf + at) + 1) {
+        if (ntok == MAX_TOKENS) { errno = E2BIG; fail("message", "too many arguments"); }
+        tok[ntok++] = buf + at;
+    }
+    tok[ntok] = NULL;
+    int dash = parse(ntok, tok, 1);
+    if (dash + 1 >= ntok) { errno = EINVAL; fail("no command after", "--"); }
+    execvp(tok[dash + 1], tok + dash + 1);
+    fail("exec", tok[dash + 1]);
     return 125;
 }
 """
@@ -162,19 +197,31 @@ def build(scratch_root: Optional[str] = None) -> Optional[str]:
     return exe
 
 
-def argv(exe: str, err_fd: int, cgroup_procs: Sequence[str], rlimits: Sequence[Tuple[int, int, int]],
-         cpu: Optional[int], wait_fd: Optional[int] = None) -> List[str]:
-    """The shim's command-line prefix; append the command to run."""
-    out = [exe, "-e", str(err_fd)]
-    if wait_fd is not None:
-        out += ["-w", str(wait_fd)]
+def argv(exe: str, err_fd: int, msg_fd: int, cgroup_procs: Sequence[str], block_fd: Optional[int] = None) -> List[str]:
+    """The command line that spawns the shim: attached to `cgroup_procs`, then waiting for
+    its message on `msg_fd`."""
+    out = [exe, "-e", str(err_fd), "-m", str(msg_fd)]
+    if block_fd is not None:
+        out += ["-B", str(block_fd)]
     for f in cgroup_procs:
         out += ["-g", f]
+    return out
+
+
+def message(command: Sequence[str], rlimits: Sequence[Tuple[int, int, int]], cpu: Optional[int],
+            stdin_path: Optional[str] = None, keep_block_fd: bool = False) -> bytes:
+    """What the shim applies, then execs: rlimits, CPU pin, stdin, the command."""
+    toks: List[str] = []
     for res, soft, hard in rlimits:
-        out += ["-r", f"{res}:{_unsigned(soft)}:{_unsigned(hard)}"]
+        toks += ["-r", f"{res}:{_unsigned(soft)}:{_unsigned(hard)}"]
     if cpu is not None:
-        out += ["-c", str(cpu)]
-    return out + ["--"]
+        toks += ["-c", str(cpu)]
+    if stdin_path is not None:
+        toks += ["-i", stdin_path]
+    if keep_block_fd:
+        toks.append("-b")
+    toks += ["--", *command]
+    return b"".join(t.encode(errors="surrogateescape") + b"\0" for t in toks)
 
 
 def _unsigned(v: int) -> int:

@@ -47,9 +47,20 @@ def compiled(sandbox: Sandbox, source: str, language: str, limits: Limits) -> It
 
 def compile_in(sandbox: Sandbox, d: Path, source: str, language: str, limits: Limits) -> Compiled:
     """Compile `source` in scratch dir `d`; the binary, if any, is ``d / "prog"``."""
+    return finish_compile(start_compile(sandbox, d, source, language, limits), d)
+
+
+def start_compile(sandbox: Sandbox, d: Path, source: str, language: str, limits: Limits) -> PreparedRun:
+    """Write the source into `d` and release the compiler; :func:`finish_compile` collects it."""
     argv, src_name = COMPILE[language]
     (d / src_name).write_text(source)
-    o = sandbox.run(list(argv), d, limits)
+    run = sandbox.prepare(list(argv), d, limits, setup_ahead=False)
+    run.release()
+    return run
+
+
+def finish_compile(run: PreparedRun, d: Path) -> Compiled:
+    o = run.finish()
     binary = d / "prog"
     if o.sandbox_failed:
         return Compiled(False, None, o, o.sandbox_error, sandbox_error=True)

@@ -25,6 +25,7 @@ listing /tmp on every run.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import os
@@ -35,6 +36,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,7 +144,14 @@ class Sandbox:
         self._watched: Set[str] = set()  # foreign owners of leftovers that were alive at the last sweep
         self._last_sweep = 0.0
         self._tasks: Tuple[float, int] = (-1e9, 0)  # (monotonic time, count) of the last /proc scan
+        self._retiring: List[RunCgroup] = []  # finished runs' cgroups whose last processes are exiting
+        self._retire_cv = threading.Condition()
+        self._retirer: Optional[threading.Thread] = None
+        self._spare: Optional[_Launched] = None  # bwrap only: a launcher already attached, for the next run
+        self._want_spare = self.launcher is not None and self.iso.wrapper == "bwrap"
+        atexit.register(self.close)
         self.sweep_stale()
+        self._restock()
 
     def sweep_stale(self) -> None:
         """Remove scratch dirs and cgroups of sandbox owners that died mid-run (a killed actor
@@ -165,6 +174,72 @@ class Sandbox:
             alive |= self.iso.cgroups.sweep_stale() - {me}
         self._watched = alive
         self._last_sweep = time.monotonic()
+
+    def retire(self, cg: RunCgroup) -> None:
+        """Remove a finished run's cgroup now if it is empty, else from a background thread.
+
+        After the wrapper is reaped, bwrap's init is often still exiting; waiting for it here
+        would put a sleep on every run's critical path. Leftovers are SIGKILLed at once either way.
+        """
+        if cg.try_remove():
+            return
+        with self._retire_cv:
+            self._retiring.append(cg)
+            if self._retirer is None:
+                self._retirer = threading.Thread(target=self._retire_loop, name="sandbox-cgroup-retirer", daemon=True)
+                self._retirer.start()
+            self._retire_cv.notify()
+
+    def _retire_loop(self) -> None:
+        pause = 0.0005
+        while True:
+            with self._retire_cv:
+                while not self._retiring:
+                    self._retire_cv.wait()
+                    pause = 0.0005
+                todo = list(self._retiring)
+            done = [cg for cg in todo if cg.try_remove()]
+            with self._retire_cv:
+                self._retiring = [cg for cg in self._retiring if cg not in done]
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until every finished run's cgroup is gone (tests, shutdown); True if so."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._retire_cv:
+                if not self._retiring:
+                    return True
+            time.sleep(0.002)
+        return False
+
+    def _take_launched(self, env: Dict[str, str], cwd: str, want_log: bool) -> "_Launched":
+        """A launcher for a new run: the spare (attached long ago, so no grace period to wait
+        for) when it fits, else a fresh one. The spare is replaced at the next prepare."""
+        if self.iso.wrapper == "bwrap" and not want_log:
+            spare, self._spare = self._spare, None
+            self._want_spare = True
+            if spare is not None and spare.proc is not None and spare.proc.poll() is None and not spare.spawn_error:
+                return spare
+            if spare is not None:
+                _discard(spare)
+            return _Launched(self, env, "/", False)
+        return _Launched(self, env, cwd, want_log)
+
+    def _restock(self) -> None:
+        """Spawn the next spare (after a run was released: off that run's critical path)."""
+        if self._want_spare and self._spare is None:
+            self._want_spare = False
+            self._spare = _Launched(self, _clean_env(SANDBOX_DIR, "/tmp", self.env_allow), "/", False)
+
+    def close(self) -> None:
+        """Drop the spare launcher and wait for finished runs' cgroups to go (at exit)."""
+        self._want_spare = False
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            _discard(spare)
+        self.flush(2.0)
 
     def _maybe_sweep(self) -> None:
         """Per run: a stat per remembered owner instead of listing /tmp and the cgroup dirs."""
@@ -415,6 +490,94 @@ class Sandbox:
             pass
 
 
+def _discard(L: "_Launched") -> None:
+    """Cancel an unused launcher: EOF on its message pipe, it exits without exec'ing."""
+    for fd in L.fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    L.fds.clear()
+    if L.proc is not None:
+        try:
+            L.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            L.proc.kill()
+            L.proc.wait()
+        for f in (L.proc.stdout, L.proc.stderr):
+            if f is not None:
+                f.close()
+    if L.cg is not None:
+        L.cg.remove()
+
+
+class _Launched:
+    """A launcher process: attached to its fresh cgroup, waiting for its message (launcher.py)."""
+
+    def __init__(self, sb: Sandbox, env: Dict[str, str], cwd: str, want_log: bool) -> None:
+        self.cg: Optional[RunCgroup] = None
+        self.proc: Optional[subprocess.Popen] = None
+        self.fds: List[int] = []  # parent-side ends, closed by the owner
+        self.spawn_error = ""
+        child: List[int] = []
+
+        def pipe() -> Tuple[int, int]:
+            r, w = os.pipe()
+            self.fds.append(r)
+            child.append(w)
+            return r, w
+        factory = sb.iso.cgroups
+        if factory is not None and (factory.pids or factory.memory):
+            try:
+                self.cg = factory.create(64, 256 << 20)  # real limits are written when the run is known
+            except OSError as e:
+                log.warning("SANDBOX WARNING: could not create a run cgroup (%s); running without one", e)
+        self.status_r = self.status_w = self.log_r = self.log_w = self.block_w = None
+        self.block_r: Optional[int] = None
+        self.launch_r: Optional[int] = None
+        self.msg_w: Optional[int] = None
+        try:
+            self.launch_r, launch_w = pipe()
+            msg_r, self.msg_w = os.pipe()
+            self.fds.append(self.msg_w)
+            child.append(msg_r)
+            if sb.iso.wrapper == "bwrap":
+                self.status_r, self.status_w = pipe()
+                self.block_r, self.block_w = os.pipe()
+                self.fds.append(self.block_w)
+                child.append(self.block_r)
+            if want_log:
+                self.log_r, self.log_w = pipe()
+            procs = self.cg.procs_files() if self.cg is not None else []
+            assert sb.launcher is not None
+            try:
+                self.proc = subprocess.Popen(
+                    launcher.argv(sb.launcher, launch_w, msg_r, procs, self.block_r), stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True,
+                    pass_fds=tuple(child), close_fds=True)
+            except OSError as e:
+                self.spawn_error = f"spawn failed: {e}"
+        finally:
+            for fd in child:
+                os.close(fd)
+
+    def send(self, msg: bytes) -> None:
+        """Hand the launcher its command (it execs once the pipe closes)."""
+        if self.msg_w is None:
+            return
+        try:
+            os.write(self.msg_w, msg)  # one page or two: the pipe buffer holds it
+        except OSError:  # the launcher already failed; its report is on the launch pipe
+            pass
+        self._close_msg()
+
+    def _close_msg(self) -> None:
+        if self.msg_w is not None:
+            os.close(self.msg_w)
+            self.fds.remove(self.msg_w)
+            self.msg_w = None
+
+
 class PreparedRun:
     """One sandboxed command, launched by :meth:`Sandbox.prepare` and run by :meth:`start`.
 
@@ -431,100 +594,135 @@ class PreparedRun:
         self.cg: Optional[RunCgroup] = None
         self.proc: Optional[subprocess.Popen] = None
         self.pipes: List[int] = []  # parent-side fds to close at the end
-        self.status_r = self.log_r = self.launch_r = self.go_w = None
+        self.status_r = self.log_r = self.launch_r = None
+        self.launched: Optional[_Launched] = None
         self.blocked_in_bwrap = False
+        self._message = b""
         self._early_report = ""
         self.done = False
-        factory = sb.iso.cgroups
         sb._maybe_sweep()
-        if factory is not None and (factory.pids or factory.memory):
-            try:
-                self.cg = factory.create(limits.pids, (limits.memory_mb + limits.scratch_mb * 2 + 64) << 20)
-            except OSError as e:
-                log.warning("SANDBOX WARNING: could not create a run cgroup (%s); running without one", e)
         rlimits = sb._rlimits(limits, sb._nproc(limits))
         in_ns = sb.iso.wrapper == "bwrap"
         env = _clean_env(SANDBOX_DIR if in_ns else str(workdir), "/tmp" if in_ns else str(workdir), sb.env_allow)
-        self._child_fds: List[int] = []  # the child's ends, closed here once it is spawned
-        child_fds = self._child_fds
-        status_w = log_w = None
+        memory = (limits.memory_mb + limits.scratch_mb * 2 + 64) << 20
         try:
-            if in_ns:
-                self.status_r, status_w = self._pipe(child_fds)
-            if want_log:
-                self.log_r, log_w = self._pipe(child_fds)
-            preexec = None
-            if sb.launcher is not None:
-                self.launch_r, launch_w = self._pipe(child_fds)
-                go_r, self.go_w = os.pipe()
-                self.pipes.append(self.go_w)
-                child_fds.append(go_r)
-                # Under bwrap the start byte goes to bwrap itself: namespaces and mounts are set up
-                # ahead of time too. Safe because the launcher has already applied the cgroup,
-                # rlimits and pinning: an early EOF (a dying parent) could only start a fully
-                # confined program, which --die-with-parent then kills. Otherwise the launcher waits.
-                self.blocked_in_bwrap = in_ns and setup_ahead
-                wrapped = sb._wrap(argv, workdir, limits, tmpfs_workdir, status_w, files,
-                                   block_fd=go_r if self.blocked_in_bwrap else None)
-                procs = self.cg.procs_files() if self.cg is not None else []
-                wrapped = launcher.argv(sb.launcher, launch_w, procs, rlimits, cpu,
-                                        wait_fd=None if self.blocked_in_bwrap else go_r) + wrapped
-            else:
-                wrapped = sb._wrap(argv, workdir, limits, tmpfs_workdir, status_w, files)
-                preexec = Sandbox._preexec(rlimits, self.cg, cpu)
-            wrapped = [a.replace("{LOG_FD}", str(log_w)) for a in wrapped]
-            self._popen_kw = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(workdir), env=env,
-                                  start_new_session=True, pass_fds=tuple(child_fds), close_fds=True,
-                                  preexec_fn=preexec)
-            self._argv, self._stdin_path = wrapped, stdin_path
-            if sb.launcher is not None:
-                self._spawn()
+            if sb.launcher is None:  # fallback: fork + preexec_fn, spawned at start()
+                self._prepare_preexec(argv, workdir, limits, stdin_path, cpu, tmpfs_workdir, want_log, files,
+                                      rlimits, env, memory)
+                return
+            L = sb._take_launched(env, str(workdir), want_log)
+            self.launched, self.proc, self.cg = L, L.proc, L.cg
+            self.pipes = L.fds  # one list: whoever closes an fd removes it
+            self.status_r, self.log_r, self.launch_r = L.status_r, L.log_r, L.launch_r
+            if L.spawn_error:
+                self.out.sandbox_failed, self.out.sandbox_error = True, L.spawn_error
+                return
+            if self.cg is not None:
+                try:
+                    self.cg.set_limits(limits.pids, memory)
+                except OSError as e:
+                    self.out.sandbox_failed, self.out.sandbox_error = True, f"cgroup limits: {e}"
+                    return
+            # Under bwrap with `setup_ahead` the start byte goes to bwrap itself (--block-fd):
+            # namespaces and mounts are set up now. Safe because the launcher applies cgroup,
+            # rlimits and pinning before bwrap: an early EOF (a dying parent) could only start a
+            # fully confined program, which --die-with-parent then kills.
+            self.blocked_in_bwrap = in_ns and setup_ahead
+            wrapped = sb._wrap(argv, workdir, limits, tmpfs_workdir, L.status_w, files,
+                               block_fd=L.block_r if self.blocked_in_bwrap else None)
+            wrapped = [a.replace("{LOG_FD}", str(L.log_w)) for a in wrapped]
+            self._message = launcher.message(wrapped, rlimits, cpu, str(stdin_path) if stdin_path else None,
+                                             keep_block_fd=self.blocked_in_bwrap)
+            if self.blocked_in_bwrap:
+                L.send(self._message)
         except BaseException:
             self._cleanup()
             raise
 
-    def _pipe(self, child_fds: List[int]) -> Tuple[int, int]:
-        r, w = os.pipe()
-        self.pipes.append(r)
-        child_fds.append(w)
-        return r, w
+    def _prepare_preexec(self, argv, workdir, limits, stdin_path, cpu, tmpfs_workdir, want_log, files, rlimits, env,
+                         memory) -> None:
+        sb = self.sb
+        factory = sb.iso.cgroups
+        if factory is not None and (factory.pids or factory.memory):
+            try:
+                self.cg = factory.create(limits.pids, memory)
+            except OSError as e:
+                log.warning("SANDBOX WARNING: could not create a run cgroup (%s); running without one", e)
+        child: List[int] = []
+        status_w = log_w = None
+        if sb.iso.wrapper == "bwrap":
+            self.status_r, status_w = os.pipe()
+            self.pipes.append(self.status_r)
+            child.append(status_w)
+        if want_log:
+            self.log_r, log_w = os.pipe()
+            self.pipes.append(self.log_r)
+            child.append(log_w)
+        wrapped = sb._wrap(argv, workdir, limits, tmpfs_workdir, status_w, files)
+        wrapped = [a.replace("{LOG_FD}", str(log_w)) for a in wrapped]
 
-    def _spawn(self) -> None:
-        stdin = open(self._stdin_path, "rb") if self._stdin_path is not None else subprocess.DEVNULL
-        try:
-            self.proc = subprocess.Popen(self._argv, stdin=stdin, **self._popen_kw)
-        except OSError as e:
-            self.out.sandbox_failed, self.out.sandbox_error = True, f"spawn failed: {e}"
-        finally:
-            if stdin is not subprocess.DEVNULL:
-                stdin.close()
-            for fd in self._child_fds:
-                os.close(fd)
-            self._child_fds.clear()
+        def spawn() -> None:
+            stdin = open(stdin_path, "rb") if stdin_path is not None else subprocess.DEVNULL
+            try:
+                self.proc = subprocess.Popen(
+                    wrapped, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(workdir), env=env,
+                    start_new_session=True, pass_fds=tuple(child), close_fds=True,
+                    preexec_fn=Sandbox._preexec(rlimits, self.cg, cpu))
+            except OSError as e:
+                self.out.sandbox_failed, self.out.sandbox_error = True, f"spawn failed: {e}"
+            finally:
+                if stdin is not subprocess.DEVNULL:
+                    stdin.close()
+                for fd in child:
+                    os.close(fd)
+                child.clear()
+        self._spawn_later = spawn
+        self._child_fds = child
 
     def start(self) -> RunOutcome:
         """Run to completion (or to a limit) and return the raw outcome."""
-        assert not self.done, "a prepared run starts once"
-        out, limits = self.out, self.limits
+        self.release()
+        return self.finish()
+
+    def release(self) -> None:
+        """Let the program start (its wall clock starts here); :meth:`finish` collects it.
+        Between the two, output waits in the pipes (a program blocks once they are full)."""
+        assert not self.done and not hasattr(self, "_t0"), "a prepared run starts once"
         try:
-            if self.go_w is not None and not self.blocked_in_bwrap:
-                self._await_ready()  # the clock starts after the launcher's cgroup attach
-            t0 = time.perf_counter()
-            if self.go_w is not None:
-                try:
-                    os.write(self.go_w, b"g")
-                except OSError:  # the launcher already failed; its report is on the launch pipe
-                    pass
-                os.close(self.go_w)
-                self.pipes.remove(self.go_w)
-                self.go_w = None
-            elif self.proc is None and not out.sandbox_failed:
-                self._spawn()
+            L = self.launched
+            if L is not None and not self.out.sandbox_failed:
+                if self.blocked_in_bwrap:
+                    self._t0 = time.perf_counter()
+                    try:
+                        os.write(L.block_w, b"g")
+                    except OSError:  # bwrap already failed; its report is on the status pipe and stderr
+                        pass
+                else:
+                    self._await_ready()  # the clock starts after the launcher's cgroup attach
+                    self._t0 = time.perf_counter()
+                    L.send(self._message)
+            else:
+                self._t0 = time.perf_counter()
+                if self.proc is None and not self.out.sandbox_failed:
+                    self._spawn_later()
+            self.sb._restock()
+        except BaseException:
+            self.cancel()
+            raise
+
+    def finish(self) -> RunOutcome:
+        """Wait for the released program (limits enforced from its release) and clean up."""
+        assert hasattr(self, "_t0") and not self.done, "finish() follows release()"
+        out, limits, t0 = self.out, self.limits, self._t0
+        try:
             proc = self.proc
-            if proc is None:
+            if proc is None or out.sandbox_failed:
                 return out
-            status, launch_error = self.sb._pump(proc, out, limits, t0, self.status_r, self.log_r, self.launch_r)
-            launch_error = (self._early_report + launch_error).strip()
+            status, report = self.sb._pump(proc, out, limits, t0, self.status_r, self.log_r, self.launch_r)
+            report = self._early_report + report
+            if report.startswith(launcher.READY_MARK.decode()):
+                report = report[len(launcher.READY_MARK):]
+            report = report.strip()
             Sandbox._kill_group(proc.pid)
             # Reap first: a cgroup emptied before this would still hold the exiting wrapper.
             _, wstatus, ru = os.wait4(proc.pid, 0)
@@ -534,8 +732,8 @@ class PreparedRun:
             out.cpu_s = ru.ru_utime + ru.ru_stime
             out.max_rss_kb = ru.ru_maxrss
             code = None if os.WIFSIGNALED(wstatus) else os.WEXITSTATUS(wstatus)
-            if launch_error:
-                out.sandbox_failed, out.sandbox_error = True, launch_error
+            if report:
+                out.sandbox_failed, out.sandbox_error = True, report
             elif code is None:
                 out.signal = os.WTERMSIG(wstatus)
             elif self.sb.iso.wrapper == "bwrap" and "child-pid" not in status:
@@ -574,9 +772,9 @@ class PreparedRun:
     def cancel(self) -> None:
         """Abort a run that was never started; its program never runs.
 
-        Everything is killed and the wrapper reaped *before* the start pipe closes: bwrap
-        treats EOF on its block fd as "go" (the launcher, which waits itself otherwise, treats
-        it as "abort")."""
+        A launcher still waiting for its message just gets EOF (it then exits). Once bwrap
+        waits on its block fd, EOF there means "go": so everything is killed and the wrapper
+        reaped *before* any pipe closes."""
         if self.done:
             return
         try:
@@ -593,24 +791,24 @@ class PreparedRun:
         if self.done:
             return
         self.done = True
-        for fd in self.pipes + self._child_fds:
+        for fd in self.pipes + getattr(self, "_child_fds", []):
             try:
                 os.close(fd)
             except OSError:
                 pass
-        self.pipes = []
+        self.pipes.clear()
+        if self.launched is not None:
+            self.launched.msg_w = None
         if self.proc is not None:
             for f in (self.proc.stdout, self.proc.stderr):
                 if f is not None:
                     f.close()
         if self.cg is not None:
-            self.cg.kill_all()  # anything that escaped the process group (no PID namespace)
-            self.out.cgroup = self.cg.stats()
-            self.cg.remove()
+            self.out.cgroup = self.cg.stats()  # final: the program is dead, or killed and unable to run
+            self.sb.retire(self.cg)  # anything left (escapees without a PID namespace) is SIGKILLed
 
     def __enter__(self) -> "PreparedRun":
         return self
 
     def __exit__(self, *exc) -> None:
         self.cancel()
-
