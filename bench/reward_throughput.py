@@ -18,7 +18,9 @@
    for one process (sandbox cost without Ray). The machine may be shared: repetitions
    alternate between code versions (``--before``), and medians over repetitions are quoted.
    With N = number of cores, the pool also shares those cores with the driver and Ray's own
-   processes, which the baseline does not: that is counted against the pool.
+   processes, which the baseline does not: that is counted against the pool. ``--max-load``
+   takes each repetition only once the 1-minute load average is below a threshold; every
+   repetition records the load before and after it.
 
 2. Coefficient of variation (stdev / mean) of 10 repeated timings of the problem's
    reference program on its benchmark input, in each timing mode (wall, instructions).
@@ -207,6 +209,14 @@ def checkout(ref: str) -> Path:
     return d
 
 
+def wait_for_quiet(max_load: float, timeout_s: float) -> float:
+    """Wait until the 1-minute load average is below `max_load` (a shared machine); returns it."""
+    deadline = time.monotonic() + timeout_s
+    while os.getloadavg()[0] >= max_load and time.monotonic() < deadline:
+        time.sleep(10)
+    return os.getloadavg()[0]
+
+
 def run_rep(code: Path, args) -> Dict[str, Any]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--one-rep", "--code", str(code), "--actors",
            str(args.actors), "--items", str(args.items), "--baseline-items", str(args.baseline_items),
@@ -230,6 +240,9 @@ def main() -> None:
     ap.add_argument("--solution", default="fast", help="solutions/<name> evaluated (default fast)")
     ap.add_argument("--repeats", type=int, default=10, help="timings per mode for the CV figures")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "reward_throughput.json"))
+    ap.add_argument("--max-load", type=float, default=0.0,
+                    help="before each repetition wait until the 1-minute load average is below this (0: don't)")
+    ap.add_argument("--quiet-timeout", type=float, default=1800.0, help="longest wait for --max-load, seconds")
     ap.add_argument("--one-rep", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--code", default=str(REPO), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -244,11 +257,14 @@ def main() -> None:
     reps: Dict[str, List[Dict[str, Any]]] = {v: [] for v in versions}
     for i in range(args.reps):
         for v, code in versions.items():
+            load = wait_for_quiet(args.max_load, args.quiet_timeout) if args.max_load else os.getloadavg()[0]
             rep = run_rep(code, args)
+            rep["loadavg_1m_before"], rep["loadavg_1m_after"] = load, os.getloadavg()[0]
             reps[v].append(rep)
             print(f"rep {i + 1}/{args.reps} {v:<22} baseline {rep['baseline_evals_per_s']:6.2f}/s  in-process "
                   f"{rep['inprocess_evals_per_s']:6.2f}/s  pool {rep['pool_evals_per_s']:6.2f}/s  overhead "
-                  f"{rep['overhead_ratio']:.2f}x (in-process {rep['inprocess_overhead_ratio']:.2f}x)", flush=True)
+                  f"{rep['overhead_ratio']:.2f}x (in-process {rep['inprocess_overhead_ratio']:.2f}x)  load "
+                  f"{rep['loadavg_1m_before']:.1f} -> {rep['loadavg_1m_after']:.1f}", flush=True)
 
     from elastic.reward.problems import load_problem
     from elastic.reward.timing import bench_input

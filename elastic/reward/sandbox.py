@@ -14,13 +14,21 @@ Layers, outermost first (see :mod:`elastic.reward.isolation` for detection):
 
 The scratch directory is fresh per run and removed afterwards (see :meth:`Sandbox.scratch`).
 
-Per-run cost (see bench/reward_throughput.py --profile for the figures): the child is
-spawned with ``vfork`` and the trusted exec shim of :mod:`elastic.reward.launcher` applies the
-cgroup, rlimits and pinning (``preexec_fn`` would force a full ``fork`` of a large actor
-process); the run is reaped *before* its cgroup is emptied, so the emptying loop does not
-wait on bwrap's exiting init; leftovers of dead owners are swept at construction, when a
-foreign owner seen alive has died, and at most every ``SWEEP_INTERVAL_S`` otherwise, not by
-listing /tmp on every run.
+Per-run cost (figures: bench/reward_profile.py). A run is *prepared*, then *started*
+(:meth:`Sandbox.prepare`, :class:`PreparedRun`; :meth:`Sandbox.run` does both at once):
+
+* the process is spawned with ``vfork`` as the trusted shim of :mod:`elastic.reward.launcher`,
+  which attaches itself to the run's fresh cgroup, then applies the rlimits, CPU pin, stdin
+  and command it receives as a message (``preexec_fn`` would force a full ``fork`` of a large
+  actor process);
+* a cgroup v1 attach waits for an RCU grace period unless another attach just happened, so a
+  sandbox keeps one spare shim attached ahead (:meth:`Sandbox._take_launched`), and callers
+  launch a program's runs before they need them (``programs.RunQueue``); with
+  ``setup_ahead`` bubblewrap even builds the namespaces and mounts and waits on ``--block-fd``;
+* at the end the wrapper is reaped first, the cgroup's final counters are read, and the
+  emptied cgroup is removed by a background thread (:meth:`Sandbox.retire`);
+* leftovers of dead owners are swept at construction, when a foreign owner seen alive has
+  died, and at most every ``SWEEP_INTERVAL_S`` otherwise, not by listing /tmp on every run.
 """
 
 from __future__ import annotations
@@ -599,6 +607,7 @@ class PreparedRun:
         self.blocked_in_bwrap = False
         self._message = b""
         self._early_report = ""
+        self._child_fds: List[int] = []  # preexec fallback: the child's ends until it is spawned
         self.done = False
         sb._maybe_sweep()
         rlimits = sb._rlimits(limits, sb._nproc(limits))
@@ -677,7 +686,7 @@ class PreparedRun:
                     os.close(fd)
                 child.clear()
         self._spawn_later = spawn
-        self._child_fds = child
+        self._child_fds = child  # closed by spawn(), or by _cleanup() if it never runs
 
     def start(self) -> RunOutcome:
         """Run to completion (or to a limit) and return the raw outcome."""
@@ -791,7 +800,7 @@ class PreparedRun:
         if self.done:
             return
         self.done = True
-        for fd in self.pipes + getattr(self, "_child_fds", []):
+        for fd in self.pipes + self._child_fds:
             try:
                 os.close(fd)
             except OSError:
