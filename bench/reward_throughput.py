@@ -6,8 +6,11 @@
      process (plain ``subprocess``): compile with the evaluator's gcc/g++ command, run every
      test and check its output, run the benchmark input once and check its output;
    * ``in-process``: :func:`elastic.reward.evaluate` sequentially in one process (the whole
-     sandbox, no Ray), ``timing_runs=1, warmup_runs=0`` so it runs the binary as often as
+     sandbox, no pool), ``timing_runs=1, warmup_runs=0`` so it runs the binary as often as
      the baseline does;
+
+   both in a 1-CPU Ray actor, so at the niceness Ray gives its workers (15), like the pool's
+   actors: a baseline in the driver (nice 0) would be favoured on a shared machine;
    * ``pool``: ``RewardPool.evaluate_batch`` with N actors (N CPU slots), same settings.
 
    Every item is a distinct program (the solution plus a unique comment), so the pool's
@@ -90,55 +93,70 @@ def inprocess_eps(problem, sources: List[str], lang: str, cache: str) -> float:
     return len(sources) / (time.perf_counter() - t0)
 
 
-def pool_eps(problem_dir: Path, sources: List[str], lang: str, actors: int, cache: str, code: Path):
-    import ray
-
+def pool_eps(problem_dir: Path, sources: List[str], lang: str, actors: int, cache: str):
+    """Pool throughput (Ray is up: see one_rep)."""
     from elastic.config.schema import RewardSection
     from elastic.reward.pool import RewardPool
 
-    ray.init(address="local", num_cpus=actors, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(code)}})
-    try:
-        section = RewardSection(num_actors=actors, timing="wall", timing_runs=1, warmup_runs=0, cache_dir=cache)
-        pool = RewardPool(section, problem_dir.parent)
-        warm = pool.evaluate_batch([(problem_dir.name, f"{FENCE}{lang}\n{s}/* warm */\n{FENCE}")
-                                    for s in sources[:actors]])  # actors up, reference cached
-        assert all(r.status == "ok" for r in warm), [r.reason for r in warm]
-        layers = pool.layers()
-        t0 = time.perf_counter()
-        res = pool.evaluate_batch([(problem_dir.name, f"{FENCE}{lang}\n{s}\n{FENCE}") for s in sources])
-        dt = time.perf_counter() - t0
-        assert all(r.status == "ok" for r in res), {r.status for r in res}
-        extra: Dict[str, Any] = {}
-        if hasattr(pool, "stats"):
-            extra = {"dedup_hits": pool.stats()["dedup_hits"]}
-        pool.shutdown()
-        return len(sources) / dt, layers, extra
-    finally:
-        ray.shutdown()
+    section = RewardSection(num_actors=actors, timing="wall", timing_runs=1, warmup_runs=0, cache_dir=cache)
+    pool = RewardPool(section, problem_dir.parent)
+    warm = pool.evaluate_batch([(problem_dir.name, f"{FENCE}{lang}\n{s}/* warm */\n{FENCE}")
+                                for s in sources[:actors]])  # actors up, reference cached
+    assert all(r.status == "ok" for r in warm), [r.reason for r in warm]
+    layers = pool.layers()
+    t0 = time.perf_counter()
+    res = pool.evaluate_batch([(problem_dir.name, f"{FENCE}{lang}\n{s}\n{FENCE}") for s in sources])
+    dt = time.perf_counter() - t0
+    assert all(r.status == "ok" for r in res), {r.status for r in res}
+    extra: Dict[str, Any] = {}
+    if hasattr(pool, "stats"):
+        extra = {"dedup_hits": pool.stats()["dedup_hits"]}
+    pool.shutdown()
+    return len(sources) / dt, layers, extra
+
+
+def _sequential(kind: str, problem_dir: str, sources: List[str], lang: str, cache: str) -> Dict[str, Any]:
+    """Runs inside a Ray actor: the baseline or the in-process sandboxed evaluations."""
+    from elastic.reward.problems import load_problem
+    from elastic.reward.timing import bench_input
+
+    problem = load_problem(problem_dir)
+    if kind == "baseline":
+        stdin = bench_input(problem, Path(cache))
+        eps = baseline_eps(problem, sources, lang, stdin, _reference_output(problem, stdin))
+    else:
+        eps = inprocess_eps(problem, sources, lang, cache)
+    return {"evals_per_s": eps, "nice": os.nice(0)}
 
 
 def one_rep(args) -> Dict[str, Any]:
-    """One repetition with the `elastic` package found in args.code (printed as JSON)."""
+    """One repetition with the `elastic` package found in args.code (printed as JSON).
+
+    The baseline and the in-process runs happen in a Ray actor (1 CPU), like the pool's
+    evaluations: Ray starts workers at niceness 15, and a baseline run in the driver (nice 0)
+    would win every contest for CPU on a machine shared with other Ray workers."""
+    import ray
+
     from elastic.reward.problems import load_problem
-    from elastic.reward.timing import bench_input
 
     pdir = Path(args.problem).resolve()
     problem = load_problem(pdir)
     lang, src = problem.solutions[args.solution]
     cache = tempfile.mkdtemp(prefix="elastic-bench-cache-")
+    ray.init(address="local", num_cpus=args.actors, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": str(args.code)}})
     try:
-        stdin = bench_input(problem, Path(cache))
-        ref_out = _reference_output(problem, stdin)
         tag = f"{os.getpid()}-{time.time_ns()}"
-        base = baseline_eps(problem, _sources(src, tag + "b", args.baseline_items), lang, stdin, ref_out)
-        inproc = inprocess_eps(problem, _sources(src, tag + "i", args.baseline_items), lang, cache)
-        peps, layers, extra = pool_eps(pdir, _sources(src, tag + "p", args.items), lang, args.actors, cache,
-                                       Path(args.code))
+        seq = ray.remote(num_cpus=1)(_sequential)
+        b = ray.get(seq.remote("baseline", str(pdir), _sources(src, tag + "b", args.baseline_items), lang, cache))
+        i = ray.get(seq.remote("in-process", str(pdir), _sources(src, tag + "i", args.baseline_items), lang, cache))
+        peps, layers, extra = pool_eps(pdir, _sources(src, tag + "p", args.items), lang, args.actors, cache)
+        base, inproc = b["evals_per_s"], i["evals_per_s"]
         return {"baseline_evals_per_s": base, "inprocess_evals_per_s": inproc, "pool_evals_per_s": peps,
                 "overhead_ratio": (args.actors / peps) / (1 / base), "inprocess_overhead_ratio": base / inproc,
-                "layers": layers, **extra}
+                "worker_nice": b["nice"], "layers": layers, **extra}
     finally:
+        ray.shutdown()
         shutil.rmtree(cache, ignore_errors=True)
 
 
