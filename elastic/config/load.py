@@ -254,6 +254,10 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(r.max_in_flight_per_actor >= 1, "reward.max_in_flight_per_actor", f"must be >= 1, got {r.max_in_flight_per_actor}")
     _check(r.item_deadline_s > 0, "reward.item_deadline_s", f"must be > 0, got {r.item_deadline_s}")
     _check(r.max_retries >= 0, "reward.max_retries", f"must be >= 0, got {r.max_retries}")
+    _check(r.dedup_window >= 0, "reward.dedup_window", f"must be >= 0 (0 disables), got {r.dedup_window}")
+    _check(r.unavailable_after_s > r.item_deadline_s, "reward.unavailable_after_s",
+           f"must be > reward.item_deadline_s={r.item_deadline_s} (a healthy actor finishes or is replaced "
+           f"within the item deadline), got {r.unavailable_after_s}")
     _check(r.timing_runs >= 1, "reward.timing_runs", f"must be >= 1, got {r.timing_runs}")
     _check(r.warmup_runs >= 0, "reward.warmup_runs", f"must be >= 0, got {r.warmup_runs}")
     _check(0 <= r.reward_floor < 1, "reward.reward_floor", f"must be in [0, 1), got {r.reward_floor}")

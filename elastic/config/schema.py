@@ -197,6 +197,12 @@ class RewardSection:
     max_in_flight_per_actor: int = 2
     item_deadline_s: float = 120.0
     max_retries: int = 2
+    # Identical programs (same problem, language and extracted source) among the last
+    # `dedup_window` distinct ones are evaluated once; 0 evaluates every submission.
+    dedup_window: int = 1024
+    # The pool is declared gone (callers get an error, the run stops) when work has waited this
+    # long with no evaluation completing (every actor dying, none placeable). > item_deadline_s.
+    unavailable_after_s: float = 300.0
     # wall | instructions (perf stat where the kernel counts, else valgrind callgrind).
     timing: str = "wall"
     # Wall mode: timed runs (median taken) after `warmup_runs` untimed ones.
