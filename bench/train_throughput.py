@@ -47,6 +47,7 @@ def environment() -> dict:
 
 def run_config(base: list, cfg_over: dict, warmup: int, steps: int, storage: str) -> dict:
     from elastic.launch.pretrain import run_pretraining
+    from elastic.records import EVENTS, METRICS, read_records
 
     name = "tp-" + "-".join(f"{k.split('.')[-1]}={v}" for k, v in cfg_over.items()).replace("/", "_")
     over = base + [f"{k}={v}" for k, v in cfg_over.items()] + [
@@ -58,8 +59,8 @@ def run_config(base: list, cfg_over: dict, warmup: int, steps: int, storage: str
         res = run_pretraining(cfg)
     except Exception as e:  # one failing configuration (e.g. OOM) must not end the sweep
         return {"config": cfg_over, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
-    recs = [json.loads(line) for line in open(os.path.join(res.local_dir, "metrics.jsonl"))][warmup:]
-    events = [json.loads(line) for line in open(os.path.join(res.local_dir, "events.jsonl"))]
+    recs = [r for r in read_records(os.path.join(res.local_dir, METRICS)) if "step" in r][warmup:]
+    events = read_records(os.path.join(res.local_dir, EVENTS))
     start = next(e for e in events if e.get("event") == "start")
     n = max(1, len(recs))
     step_s = sum(r["step_s"] for r in recs) / n

@@ -1,7 +1,8 @@
 """Pretrain a Llama-style model on Ray: `python jobs/pretrain.py [--config FILE] [--set key.sub=value ...]`.
 
-Works locally (starts a local Ray when none is running) and unchanged under
-`ray job submit --working-dir . -- python jobs/pretrain.py ...`. With no --config it runs the
+Works locally and unchanged under `ray job submit --working-dir . -- python jobs/pretrain.py ...`.
+The cluster is the one in RAY_ADDRESS, else the one `ray start` recorded on this machine, else
+a private local instance (the first console line says which). With no --config it runs the
 embedded default: the `tiny` model on the Python standard library's sources.
 """
 
@@ -29,27 +30,40 @@ def main(argv=None, kind: str = "pretrain", default_config: str = "", doc: str =
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    from elastic.launch.pretrain import run_paths, run_pretraining
+    from elastic.launch.cluster import ClusterError
+    from elastic.launch.lease import LeaseHeld
+    from elastic.launch.pretrain import run_pretraining
 
-    paths = run_paths(cfg)
-    print(f"[elastic] run directory: {paths.run_dir}")
     try:
         res = run_pretraining(cfg, kind)
     except DataError as e:
         print(f"data error: {e}", file=sys.stderr)
         return 2
+    except LeaseHeld as e:
+        print(f"run error: {e}", file=sys.stderr)
+        return 3
+    except ClusterError as e:
+        print(f"cluster error: {e}", file=sys.stderr)
+        return 4
     s = res.summary
     if res.stopped:
         print(f"[elastic] run stopped at its own request: {res.stopped}", file=sys.stderr)
         print(f"[elastic] last good checkpoint: {res.checkpoint}", file=sys.stderr)
-        return 3
-    print(f"[elastic] done in {res.wall_s:.0f}s: loss {s.get('first_loss', float('nan')):.3f} -> {s.get('last_loss', float('nan')):.3f}, "
-          f"{s.get('tokens_per_s', 0):.0f} tokens/s")
+        return 5
+    goodput = f", goodput {s['goodput']:.0%}" if s.get("goodput") is not None else ""
+    print(f"[elastic] done in {res.wall_s:.0f}s: loss {s.get('first_loss', float('nan')):.3f} -> "
+          f"{s.get('last_loss', float('nan')):.3f}, {s.get('tokens_per_s', 0):.0f} tokens/s{goodput}")
+    bad = s.get("bad_rows_detail")
+    if bad and bad.get("counts"):
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(bad["counts"].items()))
+        print(f"[elastic] skipped or cut {sum(bad['counts'].values())} rows ({counts}); first: {'; '.join(bad.get('examples', []))}")
     print(f"[elastic] checkpoints: {res.run_dir}  (latest: {res.checkpoint})")
     print(f"[elastic] metrics:     {os.path.join(res.records_dir or res.local_dir, 'metrics.jsonl')}")
     print(f"[elastic] summary:     {os.path.join(res.local_dir, 'summary.json')}")
+    if s.get("report"):
+        print(f"[elastic] report:      {s['report']} (plots in {os.path.join(res.local_dir, 'plots')})")
     print(f"[elastic] events:      {os.path.join(res.records_dir or res.local_dir, 'events.jsonl')}")
-    print(f"[elastic] logs:        {res.ray_logs} (worker output is also streamed above)")
+    print(f"[elastic] logs:        {res.ray_logs} (worker output)")
     if s.get("restarts"):
         from elastic.launch.recovery import analyze, format_table
 

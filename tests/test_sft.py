@@ -5,6 +5,7 @@ SFT run resumes exactly."""
 import json
 
 import numpy as np
+import torch
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -136,3 +137,29 @@ def test_code_opt_sft_lowers_heldout_loss_and_resumes_exactly(ray_local, tmp_pat
     np.testing.assert_allclose([r["loss"] for r in mb], [r["loss"] for r in ma], rtol=1e-6)
     np.testing.assert_allclose([r["val_loss"] for r in mb if "val_loss" in r], vals, rtol=1e-6)
     assert _ledger_by_step(store / "a" / "ledger.jsonl") == _ledger_by_step(store / "b" / "ledger.jsonl")
+
+
+def test_sft_starts_from_a_hugging_face_directory(ray_local, tmp_path):
+    """model.init_from=<HF dir>: 2 FSDP workers each read only their shards (DCP's Hugging Face
+    reader), the tokenizer comes from the same directory, and with lr 0 the checkpoint written
+    after training holds exactly the Hugging Face weights."""
+    from elastic.model.hf import from_pretrained
+    from tests.hf_helpers import make_hf_dir
+
+    hf = tmp_path / "hf-llama"
+    make_hf_dir(hf, "llama")
+    store = tmp_path / "runs"
+    o = {k: v for k, v in (x.split("=", 1) for x in _sft_overrides(store, "from-hf", 2))}
+    for k in ("model.dim", "model.n_layers", "model.n_heads", "model.n_kv_heads", "model.ffn_hidden", "data.vocab_size"):
+        o.pop(k)
+    src = _write(tmp_path / "data", _rows())
+    o.update({"model.init_from": str(hf), "data.source": str(src), "data.seq_len": 512, "train.lr": 1e-12,
+              "train.warmup_steps": 0, "eval.every_steps": 0})
+    res = run_pretraining(load_config(None, [f"{k}={v}" for k, v in o.items()]), kind="sft")
+    assert res.checkpoint.endswith("step_00000002")
+    ours = from_pretrained(res.checkpoint).state_dict()
+    ref = from_pretrained(str(hf)).state_dict()
+    assert ours.keys() == ref.keys()
+    for k in ref:
+        torch.testing.assert_close(ours[k], ref[k], atol=1e-6, rtol=0, msg=lambda m: f"{k}: {m}")
+    assert (store / "from-hf" / "tokenizer.json").read_text() == (hf / "tokenizer.json").read_text()

@@ -70,6 +70,11 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 1e-4 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
         raise ConfigError(f"{key}: expected a number, got {value!r}")
     if tp is str:
         if isinstance(value, str):
@@ -190,6 +195,12 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(m.preset in PRESETS, "model.preset", f"unknown preset {m.preset!r} (known: {', '.join(PRESETS)})")
     _check(m.attention in ATTENTION_BACKENDS, "model.attention", f"must be one of {'|'.join(ATTENTION_BACKENDS)}, got {m.attention!r}")
     dims = resolved_model_dims(cfg)
+    if m.init_from and d.tokenizer:
+        from elastic.config.init_from import resolve_init_from
+
+        own = resolve_init_from(m.init_from).tokenizer
+        _check(os.path.realpath(d.tokenizer) == os.path.realpath(own), "data.tokenizer",
+               f"{d.tokenizer} differs from the tokenizer that comes with model.init_from ({own}); leave data.tokenizer empty")
     _check(dims["dim"] % dims["n_heads"] == 0, "model.n_heads", f"dim {dims['dim']} is not divisible by n_heads {dims['n_heads']}")
     _check(dims["n_heads"] % dims["n_kv_heads"] == 0, "model.n_kv_heads", f"n_heads {dims['n_heads']} is not divisible by n_kv_heads {dims['n_kv_heads']}")
     _check((dims["dim"] // dims["n_heads"]) % 2 == 0, "model.n_heads", "head dim must be even for RoPE")
@@ -216,8 +227,10 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(s.max_failures >= -1, "scaling.max_failures", f"must be >= -1 (-1 = unlimited), got {s.max_failures}")
     _check(s.worker_group_start_timeout_s > 0, "scaling.worker_group_start_timeout_s", "must be > 0")
     _check(s.elastic_resize_monitor_interval_s > 0, "scaling.elastic_resize_monitor_interval_s", "must be > 0")
-    # Every world size the run may take must split the global batch into whole micro-batches.
-    for w in range(s.min_workers, s.max_workers + 1):
+    _check(s.resource_wait_s >= 0, "scaling.resource_wait_s", f"must be >= 0, got {s.resource_wait_s}")
+    # Every world size the run may take must split the global batch into whole micro-batches
+    # (GRPO batches by rollouts instead: rl.prompts_per_step x rl.group_size, checked below).
+    for w in (range(s.min_workers, s.max_workers + 1) if job != "grpo" else ()):
         per = t.global_batch_size / w
         _check(
             t.global_batch_size % w == 0 and (t.global_batch_size // w) % t.micro_batch_size == 0,
@@ -243,6 +256,10 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(r.max_in_flight_per_actor >= 1, "reward.max_in_flight_per_actor", f"must be >= 1, got {r.max_in_flight_per_actor}")
     _check(r.item_deadline_s > 0, "reward.item_deadline_s", f"must be > 0, got {r.item_deadline_s}")
     _check(r.max_retries >= 0, "reward.max_retries", f"must be >= 0, got {r.max_retries}")
+    _check(r.dedup_window >= 0, "reward.dedup_window", f"must be >= 0 (0 disables), got {r.dedup_window}")
+    _check(r.unavailable_after_s > r.item_deadline_s, "reward.unavailable_after_s",
+           f"must be > reward.item_deadline_s={r.item_deadline_s} (a healthy actor finishes or is replaced "
+           f"within the item deadline), got {r.unavailable_after_s}")
     _check(r.timing_runs >= 1, "reward.timing_runs", f"must be >= 1, got {r.timing_runs}")
     _check(r.warmup_runs >= 0, "reward.warmup_runs", f"must be >= 0, got {r.warmup_runs}")
     _check(0 <= r.reward_floor < 1, "reward.reward_floor", f"must be in [0, 1), got {r.reward_floor}")
@@ -320,10 +337,17 @@ def _valid_step_range(spec: str) -> bool:
 
 
 def resolved_model_dims(cfg: Config) -> Dict[str, Any]:
-    """The preset's sizes with every explicitly set model field applied on top."""
+    """ModelArgs fields: the preset's sizes with every explicitly set model field applied on
+    top; or, with `model.init_from`, the source's sizes and vocabulary (an explicit field
+    that disagrees is a ConfigError). max_seq_len is data.seq_len either way."""
     from elastic.config.presets import PRESETS
 
+    if cfg.model.init_from:
+        from elastic.config.init_from import init_from_dims
+
+        return init_from_dims(cfg)
     dims = dict(PRESETS[cfg.model.preset])
+    dims.setdefault("qkv_bias", False)
     for f in dataclasses.fields(cfg.model):
         v = getattr(cfg.model, f.name)
         if f.name in dims and v is not None:
@@ -331,6 +355,18 @@ def resolved_model_dims(cfg: Config) -> Dict[str, Any]:
     dims["vocab_size"] = cfg.data.vocab_size
     dims["max_seq_len"] = cfg.data.seq_len
     return dims
+
+
+def resolved_tokenizer(cfg: Config) -> str:
+    """The tokenizer.json a run uses: `data.tokenizer`, else the one that comes with
+    `model.init_from`, else "" (train a BPE on the corpus and save it with the run)."""
+    if cfg.data.tokenizer:
+        return cfg.data.tokenizer
+    if cfg.model.init_from:
+        from elastic.config.init_from import resolve_init_from
+
+        return resolve_init_from(cfg.model.init_from).tokenizer
+    return ""
 
 
 def run_dir(cfg: Config) -> str:

@@ -69,6 +69,11 @@ class ModelSection:
     """Llama-style decoder. `preset` picks the sizes; any field set here overrides it."""
 
     preset: str = "tiny"
+    # Start from existing weights: a Hugging Face LlamaForCausalLM / Qwen2ForCausalLM directory
+    # (config.json, *.safetensors, tokenizer.json) or one of our checkpoints (<run>/step_N).
+    # The sizes, vocabulary and tokenizer then come from it: `preset` and `data.vocab_size`
+    # are ignored, and a size field set here must agree with it (else a config error).
+    init_from: str = ""
     dim: Optional[int] = None
     n_layers: Optional[int] = None
     n_heads: Optional[int] = None
@@ -77,6 +82,8 @@ class ModelSection:
     tie_embeddings: Optional[bool] = None
     rope_theta: Optional[float] = None
     norm_eps: Optional[float] = None
+    # Biases on the q/k/v projections (Qwen2 has them; presets do not).
+    qkv_bias: Optional[bool] = None
     # auto | flash_varlen | torch_varlen | flex | sdpa_mask | sdpa_loop
     attention: str = "auto"
 
@@ -137,6 +144,10 @@ class ScalingSection:
     # Kubernetes; short on fixed machines.
     worker_group_start_timeout_s: float = 60.0
     max_failures: int = 3
+    # Before training starts, how long the driver waits for the cluster to hold min_workers
+    # workers plus one data task at once, then stops with one line naming what is missing.
+    # Give an autoscaling cluster time to add nodes; 0 checks once.
+    resource_wait_s: float = 60.0
 
 
 @dataclass
@@ -193,6 +204,12 @@ class RewardSection:
     max_in_flight_per_actor: int = 2
     item_deadline_s: float = 120.0
     max_retries: int = 2
+    # Identical programs (same problem, language and extracted source) among the last
+    # `dedup_window` distinct ones are evaluated once; 0 evaluates every submission.
+    dedup_window: int = 1024
+    # The pool is declared gone (callers get an error, the run stops) when work has waited this
+    # long with no evaluation completing (every actor dying, none placeable). > item_deadline_s.
+    unavailable_after_s: float = 300.0
     # wall | instructions (perf stat where the kernel counts, else valgrind callgrind).
     timing: str = "wall"
     # Wall mode: timed runs (median taken) after `warmup_runs` untimed ones.

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from dataclasses import dataclass
 from typing import Optional
 
 from elastic.config import Config
+from elastic.config.load import resolved_tokenizer
 from elastic.data.chat import ChatFormat
 from elastic.data.code_opt import problem_ids, sft_rows, write_jsonl
 from elastic.data.pipeline import DataPlan, prepare_data_plan
@@ -46,6 +48,17 @@ def _code_opt_sources(cfg: Config, local_dir: str) -> tuple[str, str]:
     return train, held
 
 
+def keep_tokenizer(tokenizer_json: str, run_dir: str) -> None:
+    """Copy a given tokenizer (and its tokenizer_config.json: special tokens, chat template) into
+    the run directory, so the run's checkpoints export and load on their own."""
+    os.makedirs(run_dir, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        src = os.path.join(os.path.dirname(os.path.abspath(tokenizer_json)), name) if name != "tokenizer.json" else tokenizer_json
+        dst = os.path.join(run_dir, name)
+        if os.path.isfile(src) and os.path.abspath(src) != os.path.abspath(dst):
+            shutil.copyfile(src, dst)
+
+
 def plan_job_data(cfg: Config, local_dir: str, kind: str) -> JobData:
     """kind: "pretrain" (text) or "sft" (conversations)."""
     d, ev = cfg.data, cfg.eval
@@ -67,12 +80,15 @@ def plan_job_data(cfg: Config, local_dir: str, kind: str) -> JobData:
             p = dataclasses.replace(p, chat=dataclasses.replace(p.chat, chat_template=None))
         return p
 
-    train = plan(source, d.tokenizer)
+    tokenizer = resolved_tokenizer(cfg)  # data.tokenizer, or the one that comes with model.init_from
+    train = plan(source, tokenizer)
+    if tokenizer:
+        keep_tokenizer(tokenizer, local_dir)
     if ev.every_steps <= 0:
         return JobData(train)
     if eval_source:
         # Same tokenizer as training (the one given, or the one just trained and saved).
-        return JobData(train, plan(eval_source, d.tokenizer or tok_path))
+        return JobData(train, plan(eval_source, tokenizer or tok_path))
     n = train.num_shards
     k = max(1, round(ev.fraction * n))
     if n - k < 1:

@@ -6,6 +6,13 @@ clusters (and other Ray users) can share the machine; `stop()` kills exactly thi
 Token authentication is on (as `ray start --head` does by default since Ray 2.52), with a
 token of its own: every node and driver gets RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH
 through `env` (pass `cluster.env` to any process that should reach the cluster).
+
+`env` also sets RAY_TMPDIR so that the cluster's temp dir is `$RAY_TMPDIR/ray`: there `ray
+start --head` records the cluster (`ray_current_cluster`) exactly as it does in `/tmp/ray`
+for a default `ray start`, so a driver given `env` and no RAY_ADDRESS finds it the way it
+would find the machine's cluster, while the real `/tmp/ray` record stays untouched. The head
+runs the dashboard (on a free port, 127.0.0.1): Ray Train's placement-group cleaner needs
+its state API to notice a dead controller.
 """
 
 from __future__ import annotations
@@ -76,15 +83,18 @@ class LocalCluster:
 
     def start(self, timeout: float = 90) -> "LocalCluster":
         # Short path: Ray's unix socket paths must stay under ~107 characters.
-        self.temp_dir = tempfile.mkdtemp(prefix="rc", dir="/tmp")
-        token_path = os.path.join(self.temp_dir, "auth_token")
+        base = tempfile.mkdtemp(prefix="rc", dir="/tmp")
+        self.temp_dir = os.path.join(base, "ray")
+        os.makedirs(self.temp_dir)
+        token_path = os.path.join(base, "auth_token")
         with open(os.open(token_path, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
             f.write(secrets.token_hex(32))
-        self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path)
+        self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=token_path, RAY_TMPDIR=base)
         port = free_port()
         self.address = f"127.0.0.1:{port}"
         self._spawn("head", ["--head", f"--port={port}", "--node-ip-address=127.0.0.1", f"--num-cpus={self.head_cpus}",
-                             f"--resources={json.dumps(self.head_resources)}", "--include-dashboard=false",
+                             f"--resources={json.dumps(self.head_resources)}", "--include-dashboard=true",
+                             "--dashboard-host=127.0.0.1", f"--dashboard-port={free_port()}",
                              f"--temp-dir={self.temp_dir}",
                              *self._ports()])
         self.wait_nodes(1, timeout)
@@ -118,6 +128,11 @@ class LocalCluster:
                 return
             time.sleep(1)
         raise TimeoutError(f"cluster did not reach {n} alive nodes in {timeout}s (logs in {self.temp_dir})")
+
+    @property
+    def record(self) -> str:
+        """Where the head recorded the cluster's address (what `ray.init()` would read)."""
+        return os.path.join(self.temp_dir, "ray_current_cluster")
 
     def stop(self) -> None:
         for node in reversed(self.nodes):

@@ -1,30 +1,38 @@
-"""Build and run the Ray Train job for pretraining: the only place that knows Ray Train's
-driver-side API (TorchTrainer, ScalingConfig, RunConfig).
+"""Build and run Ray Train jobs (pretraining, SFT; GRPO through elastic/launch/grpo.py): the
+only place that knows Ray Train's driver-side API (TorchTrainer, ScalingConfig, RunConfig,
+DataConfig).
 
-Order matters: the config is already valid; data planning (source resolution, tokenizer)
-runs next and fails with one line before any worker starts; only then is the trainer built.
+Order matters: the config is already valid; the run's lease is taken next (a second launch
+of a live run refuses before touching Ray); data planning (source resolution, tokenizer)
+fails with one line before Ray starts; then the cluster is started or joined, checked for
+the resources the run needs, and only then is the trainer built. Cluster choice, lease and
+progress live in their own modules (cluster.py, lease.py, progress.py) so other jobs reuse them.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, TextIO
 
 from elastic.config import Config, run_dir as run_dir_of, to_dict
 from elastic.data.cursor import Cursor
 from elastic.data.pipeline import DataPlan
+from elastic.launch.cluster import connect, resolve_cluster, wait_for_resources
 from elastic.launch.data_plans import JobData, plan_job_data
+from elastic.launch.lease import RunLease
+from elastic.launch.progress import Progress
 from elastic.train import checkpoint as ckpt_lib
 
 
 @dataclass
 class RunPaths:
     run_dir: str      # checkpoints, shard cache (storage_path/name; local path or URI)
-    local_dir: str    # tokenizer.json, config.json, summary.json, wandb (this machine)
+    local_dir: str    # tokenizer.json, config.json, summary.json, report, wandb (this machine)
     records_dir: str  # metrics.jsonl, events.jsonl, ledger.jsonl: the run dir, also when it is a URI
 
 
@@ -56,26 +64,33 @@ class CheckpointCursor:
         return Cursor.from_dict(found[1]["cursor"]) if found else Cursor()
 
 
-def ensure_ray(cfg: Config) -> None:
-    """Connect to the cluster in RAY_ADDRESS (as under `ray job submit`) or a running one;
-    otherwise start a local one with enough logical CPUs for the workers plus data tasks."""
-    import ray
+def worker_env() -> dict:
+    """Environment for workers of a cluster this driver starts or finds on this machine: this
+    checkout first on PYTHONPATH so they import the same `elastic`."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != repo]
+    return {"PYTHONPATH": os.pathsep.join([repo] + rest)}
 
-    if ray.is_initialized():
-        return
-    env = {"env_vars": {"PYTHONPATH": os.pathsep.join([os.getcwd()] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}}
-    if os.environ.get("RAY_ADDRESS", "") not in ("", "local"):
-        ray.init(log_to_driver=True)  # the given cluster, e.g. under `ray job submit`
-        return
-    if not os.environ.get("RAY_ADDRESS"):
-        try:
-            ray.init(address="auto", log_to_driver=True)  # a cluster started with `ray start`
-            return
-        except (ConnectionError, RuntimeError, ValueError):
-            pass
+
+def private_cpus(cfg: Config) -> int:
+    """Logical CPUs of a private instance: every worker plus two data tasks at once (the
+    machine may have fewer cores; oversubscription only costs time)."""
     s = cfg.scaling
     need = int(s.max_workers * s.cpus_per_worker + 2 * cfg.data.tokenize_cpus + 0.999)
-    ray.init(address="local", num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False, runtime_env=env)
+    return max(os.cpu_count() or 1, need)
+
+
+def required_bundles(cfg: Config, gpu: bool) -> tuple[list, str]:
+    """What the cluster must hold at once for the run to make progress: `min_workers` train
+    workers plus one data task (a Ray Data read task takes 1 CPU, a tokenize task
+    `data.tokenize_cpus`), and the same in words."""
+    s = cfg.scaling
+    worker = {"CPU": s.cpus_per_worker, **s.resources_per_worker, **({"GPU": 1.0} if gpu else {})}
+    data = {"CPU": max(1.0, cfg.data.tokenize_cpus)}
+    words = (f"{s.min_workers} train worker{'s' if s.min_workers > 1 else ''} x "
+             + "{" + ", ".join(f"{k}: {v:g}" for k, v in worker.items() if v) + "}"
+             + f" plus a data task {{CPU: {data['CPU']:g}}}")
+    return [dict(worker) for _ in range(s.min_workers)] + [data], words
 
 
 def use_gpu(cfg: Config) -> bool:
@@ -84,6 +99,43 @@ def use_gpu(cfg: Config) -> bool:
     if cfg.scaling.use_gpu in ("true", "false"):
         return cfg.scaling.use_gpu == "true"
     return ray.cluster_resources().get("GPU", 0) > 0
+
+
+def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_config: dict, **trainer_kwargs):
+    """The TorchTrainer every job runs: elastic ScalingConfig, checkpoints under the run dir,
+    failure retries, the recovery-events callback. `loop_config` adds job inputs to the
+    train_loop_config (which always carries the config, run paths and the device choice)."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    s = cfg.scaling
+    # Read by the Ray Train controller (Ray propagates it from the driver).
+    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(s.worker_group_start_timeout_s)
+    # Ray Train's print patch re-emits every worker print through its logger, so each would be
+    # in the Ray logs twice; worker stdout already goes to the worker's own log file.
+    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
+    num_workers = s.min_workers if s.min_workers == s.max_workers else (s.min_workers, s.max_workers)
+    resources = {"CPU": s.cpus_per_worker, **s.resources_per_worker}
+    if gpu:
+        resources["GPU"] = 1
+    scaling_kwargs = dict(num_workers=num_workers, use_gpu=gpu, resources_per_worker=resources)
+    if s.min_workers != s.max_workers:
+        scaling_kwargs["elastic_resize_monitor_interval_s"] = s.elastic_resize_monitor_interval_s
+    from elastic.launch.recovery_callback import RecoveryEventsCallback
+
+    storage = paths.run_dir.rsplit("/", 1)[0]
+    return TorchTrainer(
+        loop_fn,
+        train_loop_config={"cfg": to_dict(cfg), "run_dir": paths.run_dir, "local_dir": paths.local_dir,
+                           "records_dir": paths.records_dir, "use_gpu": gpu,
+                           **loop_config},
+        scaling_config=ScalingConfig(**scaling_kwargs),
+        run_config=RunConfig(name=cfg.run.name, storage_path=storage,
+                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
+                             failure_config=FailureConfig(max_failures=s.max_failures),
+                             callbacks=[RecoveryEventsCallback(os.path.join(paths.records_dir, "events.jsonl"))]),
+        **trainer_kwargs,
+    )
 
 
 def start_store(cfg: Config, plan: DataPlan, paths: RunPaths, eval_plan: Optional[DataPlan] = None):
@@ -102,41 +154,13 @@ def start_store(cfg: Config, plan: DataPlan, paths: RunPaths, eval_plan: Optiona
 
 def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool, eval_plan: Optional[DataPlan] = None,
                   store=None):
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
+    """Language-modelling jobs: workers read their samples from the shard cache through the
+    store builder's handle; no Ray Data stream reaches them (each would re-tokenize everything)."""
     from elastic.train.loop import train_loop_per_worker
 
-    s = cfg.scaling
-    # Read by the Ray Train controller (Ray propagates it from the driver).
-    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(s.worker_group_start_timeout_s)
-    # Ray Train's print patch re-emits every worker print through its logger, which the driver
-    # then shows twice; worker stdout already reaches the driver and the Ray log files.
-    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
-    num_workers = s.min_workers if s.min_workers == s.max_workers else (s.min_workers, s.max_workers)
-    resources = {"CPU": s.cpus_per_worker, **s.resources_per_worker}
-    if gpu:
-        resources["GPU"] = 1
-    scaling_kwargs = dict(num_workers=num_workers, use_gpu=gpu, resources_per_worker=resources)
-    if s.min_workers != s.max_workers:
-        scaling_kwargs["elastic_resize_monitor_interval_s"] = s.elastic_resize_monitor_interval_s
-    from elastic.launch.recovery_callback import RecoveryEventsCallback
-
-    storage = paths.run_dir.rsplit("/", 1)[0]
     store = store if store is not None else start_store(cfg, plan, paths, eval_plan)
-    return TorchTrainer(
-        train_loop_per_worker,
-        # Workers read their samples from the cache through the store builder's handle; no
-        # Ray Data stream reaches them (each would re-tokenize everything).
-        train_loop_config={"cfg": to_dict(cfg), "plan": plan, "eval_plan": eval_plan, "run_dir": paths.run_dir,
-                           "local_dir": paths.local_dir, "records_dir": paths.records_dir, "use_gpu": gpu, "store": store,
-                           "cache_root": cache_root(paths)},
-        scaling_config=ScalingConfig(**scaling_kwargs),
-        run_config=RunConfig(name=cfg.run.name, storage_path=storage,
-                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
-                             failure_config=FailureConfig(max_failures=s.max_failures),
-                             callbacks=[RecoveryEventsCallback(os.path.join(paths.records_dir, "events.jsonl"))]),
-    )
+    return build_torch_trainer(cfg, paths, gpu, train_loop_per_worker,
+                               {"plan": plan, "eval_plan": eval_plan, "store": store, "cache_root": cache_root(paths)})
 
 
 @dataclass
@@ -161,7 +185,7 @@ def ray_logs_dir() -> str:
         return "the Ray session's logs/ directory on the head node"
 
 
-def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str]) -> dict:
+def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str], report: Optional[dict] = None) -> dict:
     from elastic.records import METRICS, read_records
 
     mpath = os.path.join(paths.records_dir, METRICS)
@@ -172,36 +196,151 @@ def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str]) -> dict
                  tokens=sum(r["tokens"] for r in recs),
                  tokens_per_s=sum(r["tokens"] for r in recs) / max(1e-9, sum(r["step_s"] for r in recs)),
                  mean_mfu=sum(r["mfu"] for r in recs) / len(recs), bad_rows=recs[-1].get("bad_rows", 0))
+        rl = [r for r in recs if "reward_mean" in r]
+        if rl:  # GRPO: reward and pass rate, first vs last steps
+            w = max(1, min(5, len(rl) // 3))
+            mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
+            s["reward"] = {"window": w, "first": mean(rl[:w], "reward_mean"), "last": mean(rl[-w:], "reward_mean"),
+                           "first_pass": mean(rl[:w], "pass_rate"), "last_pass": mean(rl[-w:], "pass_rate")}
+    found = ckpt_lib.latest_complete(paths.run_dir)
+    if found and found[1].get("bad_rows", {}).get("counts"):  # counts and first examples, with file and line
+        s["bad_rows_detail"] = found[1]["bad_rows"]
     from elastic.launch.recovery import analyze
 
     acc = analyze(paths.records_dir)
     s.update(restarts=acc["restarts"], goodput=acc["goodput"])
+    if report:
+        s.update(report)
     with open(os.path.join(paths.local_dir, "summary.json"), "w") as f:
         json.dump(s, f, indent=2)
     return s
 
 
-def run_pretraining(cfg: Config, kind: str = "pretrain") -> PretrainResult:
-    """Plan data (fails fast), start/attach Ray, fit, summarise. Raises DataError early.
-    kind: "pretrain" or "sft" (language-modelling jobs; they share the trainer)."""
-    paths = run_paths(cfg)
-    os.makedirs(paths.local_dir, exist_ok=True)
-    t0 = time.time()
-    job_data = plan_data(cfg, paths, kind)
-    plan = job_data.train
-    print(f"[elastic] data: {plan.files} files, {plan.corpus_bytes / 2**20:.1f} MiB in {plan.num_shards} shards; "
-          f"tokenizer vocab {plan.tokenizer.vocab_size} ({plan.tokenizer.bytes_per_token:.2f} bytes/token)")
-    with open(os.path.join(paths.local_dir, "config.json"), "w") as f:
-        json.dump(to_dict(cfg), f, indent=2)
-    ensure_ray(cfg)
-    trainer = build_trainer(cfg, plan, paths, use_gpu(cfg), job_data.eval)
-    result = trainer.fit()
-    ckpt = result.checkpoint.path if result.checkpoint is not None else None
-    if result.error is not None:
-        raise result.error
-    wall = time.time() - t0
-    from elastic.records import EVENTS, read_records
+class JobLaunch:
+    """What differs between jobs on the driver. `plan` runs before Ray (every input error is
+    one line before any cluster work); `start` after connecting (e.g. the reward service);
+    `trainer` builds the TorchTrainer; `stop` always runs at the end."""
 
-    stops = [e for e in read_records(os.path.join(paths.records_dir, EVENTS)) if e.get("event") == "stop" and e["time"] >= t0]
-    return PretrainResult(paths.run_dir, paths.local_dir, wall, ckpt, summarize(paths, wall, ckpt), ray_logs_dir(),
-                          stopped=stops[-1]["reason"] if stops else None, records_dir=paths.records_dir)
+    def plan(self, cfg: Config, paths: RunPaths, say) -> None:
+        raise NotImplementedError
+
+    def describe(self) -> list:
+        return []
+
+    def start(self, cfg: Config, paths: RunPaths) -> None:
+        pass
+
+    def trainer(self, cfg: Config, paths: RunPaths, gpu: bool):
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        pass
+
+
+class LMLaunch(JobLaunch):
+    """Pretraining and SFT: the packed-sample stream."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+
+    def plan(self, cfg: Config, paths: RunPaths, say) -> None:
+        if cfg.model.init_from:
+            from elastic.model.hf import check_init_from
+
+            check_init_from(cfg)  # names and shapes from headers/metadata: one line, before any worker
+        self.data = plan_data(cfg, paths, self.kind)
+
+    def describe(self) -> list:
+        p, ev = self.data.train, self.data.eval
+        held = f"; held out: {ev.num_shards} shard(s)" if ev is not None else ""
+        return [f"[elastic] data: {p.files} files, {p.corpus_bytes / 2**20:.1f} MiB in {p.num_shards} shards{held}; "
+                f"tokenizer vocab {p.tokenizer.vocab_size} ({p.tokenizer.bytes_per_token:.2f} bytes/token)"]
+
+    def start(self, cfg: Config, paths: RunPaths) -> None:
+        self.store = start_store(cfg, self.data.train, paths, self.data.eval)
+
+    def trainer(self, cfg: Config, paths: RunPaths, gpu: bool):
+        return build_trainer(cfg, self.data.train, paths, gpu, self.data.eval, self.store)
+
+
+def run_job(cfg: Config, launch: JobLaunch, out: Optional[TextIO] = None, progress: bool = True) -> PretrainResult:
+    """Take the run's lease, plan (fails fast), start or join Ray, fit while showing progress,
+    summarise. Raises LeaseHeld, DataError or ClusterError (one line) early.
+
+    Console order: the cluster line first (which cluster and its address), then the run
+    directory, the job's plan, worker-group events and the progress line.
+    """
+    out = out or sys.stdout
+
+    def say(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    def lost(rec: dict) -> None:
+        say(f"[elastic] warning: pid {rec.get('pid')} on {rec.get('host')} took over the lease of {paths.run_dir}: "
+            "this run's heartbeat stalled past the lease TTL")
+
+    paths = run_paths(cfg)
+    choice = resolve_cluster()
+    with RunLease(paths.run_dir, on_lost=lost) as lease:
+        os.makedirs(paths.local_dir, exist_ok=True)
+        t0 = time.time()
+        launch.plan(cfg, paths, say)
+        with open(os.path.join(paths.local_dir, "config.json"), "w") as f:
+            json.dump(to_dict(cfg), f, indent=2)
+        choice = connect(choice, private_cpus(cfg), worker_env())
+        say(choice.describe())
+        prev = lease.took_over
+        if prev:
+            say(f"[elastic] lease: took over a stale lease (pid {prev.get('pid')} on {prev.get('host')}: its run is gone)"
+                if "pid" in prev else "[elastic] lease: replaced an unreadable lease file")
+        latest = ckpt_lib.latest_complete(paths.run_dir)
+        say(f"[elastic] run directory: {paths.run_dir} "
+            f"({'existing run, latest checkpoint ' + os.path.basename(latest[0]) if latest else 'new run'})")
+        for line in launch.describe():
+            say(line)
+        gpu = use_gpu(cfg)
+        bundles, words = required_bundles(cfg, gpu)
+        wait_for_resources(bundles, words, cfg.scaling.resource_wait_s, "scaling.resource_wait_s")
+        try:
+            launch.start(cfg, paths)
+            trainer = launch.trainer(cfg, paths, gpu)
+            # (the progress line follows a local metrics file; records on object stores have none)
+            follow = Progress(paths.records_dir if "://" not in paths.records_dir else paths.local_dir, cfg.train.steps, cfg.train.until_step or cfg.train.steps, stream=out)
+            if progress:
+                follow.start()
+            try:
+                result = trainer.fit()
+            finally:
+                if progress:
+                    follow.stop()
+                report = write_run_report(paths, say)  # also for a run that failed: it says where
+        finally:
+            launch.stop()
+        ckpt = result.checkpoint.path if result.checkpoint is not None else None
+        if result.error is not None:
+            raise result.error
+        wall = time.time() - t0
+        from elastic.records import EVENTS, read_records
+
+        stops = [e for e in read_records(os.path.join(paths.records_dir, EVENTS)) if e.get("event") == "stop" and e["time"] >= t0]
+        summary = summarize(paths, wall, ckpt, report)
+        return PretrainResult(paths.run_dir, paths.local_dir, wall, ckpt, summary, ray_logs_dir(),
+                              stopped=stops[-1]["reason"] if stops else None, records_dir=paths.records_dir)
+
+
+def write_run_report(paths: RunPaths, say) -> Optional[dict]:
+    """report.md, plots and the named bottleneck (elastic/report); never fails the run."""
+    try:
+        from elastic.report import build_report
+
+        path, _, diag = build_report(paths.local_dir, records_dir=paths.records_dir)
+    except Exception as e:  # a report must never take a finished run down
+        say(f"[elastic] report: not written ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})")
+        return None
+    say(f"[elastic] bottleneck: {diag.name}: {diag.evidence} Lever: {diag.lever}.")
+    return {"report": path, "bottleneck": diag.name, "evidence": diag.evidence, "lever": diag.lever}
+
+
+def run_pretraining(cfg: Config, kind: str = "pretrain", out: Optional[TextIO] = None, progress: bool = True) -> PretrainResult:
+    """A language-modelling job: kind "pretrain" (text) or "sft" (conversations)."""
+    return run_job(cfg, LMLaunch(kind), out, progress)

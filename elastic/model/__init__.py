@@ -1,6 +1,13 @@
-"""Plain-PyTorch Llama-style model: no Ray, no torch.distributed."""
+"""Plain-PyTorch Llama-style model: no Ray, no torch.distributed.
+
+llama.py (the model), attention.py (document-masked backends), kv_cache.py + generate.py
+(batched generation), hf.py (Hugging Face Llama/Qwen2 in and out), dcp_io.py (reading our
+checkpoints in one process, for tools).
+"""
 
 from elastic.model.attention import BACKENDS, available_backends, build_attention_metadata, choose_backend
+from elastic.model.generate import Completion, generate
 from elastic.model.llama import ModelArgs, Transformer, flops_per_token
 
-__all__ = ["BACKENDS", "ModelArgs", "Transformer", "available_backends", "build_attention_metadata", "choose_backend", "flops_per_token"]
+__all__ = ["BACKENDS", "Completion", "ModelArgs", "Transformer", "available_backends", "build_attention_metadata", "choose_backend",
+           "flops_per_token", "generate"]

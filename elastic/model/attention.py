@@ -186,3 +186,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Attention
                 out[b, :, s:e] = F.scaled_dot_product_attention(q[b:b + 1, :, s:e], k[b:b + 1, :, s:e], v[b:b + 1, :, s:e], is_causal=True)[0]
         return out
     raise ValueError(f"unknown attention backend {be!r}")
+
+
+def cached_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention of new queries over a KV cache (generation).
+
+    q: [B, Hq, T, D] (T new tokens); k, v: [B, Hkv, S, D] (S cached slots including the new
+    ones); mask: [B, 1, T, S] boolean, True = may attend. SDPA's `enable_gqa` shares each
+    key/value head across its query group without copying the cache per step."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=k.shape[1] != q.shape[1])

@@ -4,6 +4,11 @@ Readable top to bottom, nanoGPT style, and free of distributed code: FSDP, mixed
 and activation checkpointing are applied from outside (elastic/train/parallelize.py).
 Packed samples carry per-token document ids and positions that restart per document, so
 RoPE and attention behave as if each document were run alone.
+
+The layout follows Hugging Face's Llama/Qwen2 exactly (rotate-half RoPE, optional q/k/v
+biases), so their weights map onto this model by renaming alone (elastic/model/hf.py).
+For generation, `forward` takes an optional KV cache (elastic/model/kv_cache.py): the same
+blocks and the same forward calls, so FSDP's per-module hooks keep working.
 """
 
 from __future__ import annotations
@@ -15,7 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from elastic.model.attention import AttentionMetadata, attention, build_attention_metadata
+from elastic.model.attention import AttentionMetadata, attention, build_attention_metadata, cached_attention
+from elastic.model.kv_cache import KVCache
 
 
 @dataclass
@@ -30,6 +36,7 @@ class ModelArgs:
     tie_embeddings: bool = True
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
+    qkv_bias: bool = False  # Qwen2: biases on the q, k and v projections (not on wo)
 
     @property
     def head_dim(self) -> int:
@@ -50,35 +57,53 @@ class RMSNorm(nn.Module):
 
 
 def rope_frequencies(head_dim: int, max_pos: int, theta: float, device=None) -> torch.Tensor:
-    """[max_pos, head_dim/2] complex rotations (fp32)."""
+    """[max_pos, head_dim/2] complex: cos + i·sin of position × frequency (fp32).
+
+    Complex on purpose: FSDP's mixed precision casts floating-point block inputs to bf16, but
+    leaves complex ones alone, so the rotation keeps fp32 angles under bf16 compute."""
     inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
-    t = torch.arange(max_pos, device=device, dtype=torch.float32)
-    return torch.polar(torch.ones(max_pos, head_dim // 2, device=device), torch.outer(t, inv))
+    angles = torch.outer(torch.arange(max_pos, device=device, dtype=torch.float32), inv)
+    return torch.complex(angles.cos(), angles.sin())
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
 
 
 def apply_rope(x: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
-    """x: [B, H, T, D]; freqs: [B, T, D/2] complex (already gathered by position)."""
-    xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
-    out = torch.view_as_real(xc * freqs[:, None]).flatten(-2)
-    return out.type_as(x)
+    """x: [B, H, T, D]; freqs: [B, T, D/2] complex (already gathered by position).
+
+    Rotate-half layout (Hugging Face Llama/Qwen2): frequency i rotates the pair of dims
+    (i, i + D/2), so HF q/k weights load without any permutation. Computed in fp32."""
+    cos = torch.cat((freqs.real, freqs.real), dim=-1)[:, None]
+    sin = torch.cat((freqs.imag, freqs.imag), dim=-1)[:, None]
+    xf = x.float()
+    return (xf * cos + rotate_half(xf) * sin).type_as(x)
 
 
 class Attention(nn.Module):
-    def __init__(self, a: ModelArgs):
+    def __init__(self, a: ModelArgs, layer_id: int = 0):
         super().__init__()
+        self.layer_id = layer_id  # which slot of a KV cache this layer owns
         self.n_heads, self.n_kv_heads, self.head_dim = a.n_heads, a.n_kv_heads, a.head_dim
-        self.wq = nn.Linear(a.dim, a.n_heads * a.head_dim, bias=False)
-        self.wk = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=False)
-        self.wv = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=False)
+        self.wq = nn.Linear(a.dim, a.n_heads * a.head_dim, bias=a.qkv_bias)
+        self.wk = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
+        self.wv = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
         self.wo = nn.Linear(a.n_heads * a.head_dim, a.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, freqs: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, freqs: torch.Tensor, meta: AttentionMetadata,
+                cache: Optional[KVCache] = None) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         q, k = apply_rope(q, freqs), apply_rope(k, freqs)
-        out = attention(q, k, v, meta)
+        if cache is None:
+            out = attention(q, k, v, meta)
+        else:  # append this step's keys/values, attend over everything cached so far
+            k, v = cache.update(self.layer_id, k, v)
+            out = cached_attention(q, k, v, cache.mask)
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -94,15 +119,16 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, a: ModelArgs):
+    def __init__(self, a: ModelArgs, layer_id: int = 0):
         super().__init__()
         self.attention_norm = RMSNorm(a.dim, a.norm_eps)
-        self.attention = Attention(a)
+        self.attention = Attention(a, layer_id)
         self.ffn_norm = RMSNorm(a.dim, a.norm_eps)
         self.feed_forward = FeedForward(a)
 
-    def forward(self, x: torch.Tensor, freqs: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.attention(self.attention_norm(x), freqs, meta)
+    def forward(self, x: torch.Tensor, freqs: torch.Tensor, meta: Optional[AttentionMetadata],
+                cache: Optional[KVCache] = None) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x), freqs, meta, cache)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -112,13 +138,14 @@ class Transformer(nn.Module):
         self.args = a
         self.attention_backend = attention_backend
         self.tok_embeddings = nn.Embedding(a.vocab_size, a.dim)
-        self.layers = nn.ModuleList([TransformerBlock(a) for _ in range(a.n_layers)])
+        self.layers = nn.ModuleList([TransformerBlock(a, i) for i in range(a.n_layers)])
         self.norm = RMSNorm(a.dim, a.norm_eps)
         self.output = nn.Linear(a.dim, a.vocab_size, bias=False)
-        if a.tie_embeddings:
-            self.output.weight = self.tok_embeddings.weight
-        # Not a parameter and not saved: recomputed on any device, never sharded by FSDP.
-        self.register_buffer("freqs_cis", rope_frequencies(a.head_dim, a.max_seq_len, a.rope_theta), persistent=False)
+        self.tie_weights()
+        # RoPE table: a plain attribute, not a buffer, so `.to(dtype)`, `to_empty()`, FSDP and
+        # state dicts never touch it (Module.to(float32) would cast complex to real); it is
+        # (re)built in fp32 on the device of the tokens when first needed there.
+        self.freqs_cis = rope_frequencies(a.head_dim, a.max_seq_len, a.rope_theta, device="cpu")
 
     def init_weights(self, seed: Optional[int] = None,
                      assign: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = None) -> None:
@@ -132,7 +159,9 @@ class Transformer(nn.Module):
         std = 0.02
         assign = assign or (lambda p, v: p.copy_(v))
         for name, p in self.named_parameters():
-            if p.dim() == 1:
+            if name.endswith(".bias"):
+                full = torch.zeros(p.shape)
+            elif p.dim() == 1:
                 full = torch.ones(p.shape)
             else:
                 s = std / (2 * self.args.n_layers) ** 0.5 if name.endswith(("wo.weight", "w2.weight")) else std
@@ -141,21 +170,54 @@ class Transformer(nn.Module):
                 assign(p, full.to(p.dtype))
 
     def init_buffers(self) -> None:
-        """Recompute non-persistent buffers (RoPE tables) on the module's device: needed after
-        building on the meta device and materialising with `to_empty`."""
+        """Build the RoPE table on the parameters' device, e.g. after building on the meta device
+        and `to_empty` (optional: `forward` also rebuilds it where the tokens are)."""
         dev = self.tok_embeddings.weight.device
         self.freqs_cis = rope_frequencies(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, device=dev)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, doc_ids: torch.Tensor,
-                meta: Optional[AttentionMetadata] = None) -> torch.Tensor:
-        """tokens, positions, doc_ids: [B, T] → logits [B, T, vocab]."""
-        if meta is None:
-            meta = build_attention_metadata(doc_ids, self.attention_backend)
-        freqs = self.freqs_cis[positions]
+    def forward(self, tokens: torch.Tensor, positions: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None,
+                meta: Optional[AttentionMetadata] = None, cache: Optional[KVCache] = None,
+                last_only: bool = False) -> torch.Tensor:
+        """tokens, positions, doc_ids: [B, T] → logits [B, T, vocab] ([B, 1, vocab] with `last_only`).
+
+        Training passes all three (packed documents). `model(tokens)` treats each row as one
+        document starting at position 0. With a `cache`, positions come from the cache, the
+        new keys/values are appended to it and attention covers everything cached so far."""
+        B, T = tokens.shape
+        if cache is not None:
+            positions = cache.begin(T) if positions is None else positions
+        else:
+            if positions is None:
+                positions = torch.arange(T, device=tokens.device).expand(B, T)
+            if meta is None:
+                if doc_ids is None:
+                    doc_ids = torch.zeros_like(tokens)
+                meta = build_attention_metadata(doc_ids, self.attention_backend)
+        freqs = self.rope_table(positions.device)[positions]
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
-            h = layer(h, freqs, meta)
+            h = layer(h, freqs, meta, cache) if cache is not None else layer(h, freqs, meta)
+        if cache is not None:
+            cache.commit(T)
+        if last_only:
+            h = h[:, -1:]
         return self.output(self.norm(h))
+
+    def tie_weights(self) -> None:
+        """Share the output projection with the embeddings (tied models). Call again after
+        `to_empty()`, which materialises the two names as separate tensors."""
+        if self.args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def rope_table(self, device: torch.device, min_positions: int = 0) -> torch.Tensor:
+        """The [n, head_dim/2] complex RoPE table on `device`, n >= max(max_seq_len, min_positions)
+        (generation may run past max_seq_len)."""
+        t = self.freqs_cis
+        n = max(t.shape[0], min_positions)
+        if t.device != torch.device(device) or t.is_meta or n > t.shape[0]:
+            a = self.args
+            t = self.freqs_cis = rope_frequencies(a.head_dim, n, a.rope_theta, device=device)
+        return t
 
     def num_params(self, exclude_embeddings: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())

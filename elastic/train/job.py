@@ -20,7 +20,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 import torch
 
-from elastic.train.step import LossFn
+from elastic.train.step import LossFn, StepOutput
 
 
 @dataclass
@@ -32,7 +32,7 @@ class WorkerContext:
     world_size: int
     device: torch.device
     model: torch.nn.Module   # FSDP-wrapped policy
-    local_dir: str           # run directory for records
+    local_dir: str           # where the run's records go (the run dir; local path or URI)
     config: Dict[str, Any]   # the raw train_loop_config (plans, paths)
 
 
@@ -52,6 +52,7 @@ class Job:
 
     state_keys: Tuple[str, ...] = ()
     wait_phase: str = "data_wait"  # the name under which the loop times `updates()` producing data
+    updates_per_step: int = 1      # optimizer updates per global step (sizes the LR schedule; set in start)
 
     def start(self, ctx: WorkerContext, state: Dict[str, Any]) -> None:
         raise NotImplementedError
@@ -64,6 +65,9 @@ class Job:
 
     def state(self) -> Dict[str, Any]:
         return {}
+
+    def observe(self, out: StepOutput) -> None:
+        """Called after every optimizer update with its (globally summed) loss statistics."""
 
     def step_metrics(self) -> Dict[str, Any]:
         """Extra fields for the metrics record of the step just trained."""

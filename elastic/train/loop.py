@@ -84,6 +84,27 @@ def build_sharded_model(cfg, device: torch.device, param_dtype: torch.dtype) -> 
     return model, args, backend
 
 
+def job_state_keys(make_job: Callable[[], Job]) -> tuple:
+    return tuple(getattr(make_job, "state_keys", ()))
+
+
+def load_initial_weights(model: torch.nn.Module, cfg) -> None:
+    """`model.init_from` into the sharded model, each rank reading only what it holds: one of
+    our DCP checkpoint directories (model tensors only; optimizer and data position start
+    fresh), or a Hugging Face directory (elastic/model/hf.py)."""
+    src = getattr(cfg.model, "init_from", "")
+    if not src:
+        return
+    from elastic.train import checkpoint as ckpt_lib
+
+    if os.path.exists(os.path.join(src, ckpt_lib.STATE_FILE)):
+        ckpt_lib.load(src, model, None)
+        return
+    from elastic.train.hf_load import load_hf_weights
+
+    load_hf_weights(model, src)
+
+
 def _fault_steps(var: str) -> set:
     """Fault injection for tests and drills: e.g. ELASTIC_FAULT_NAN_STEPS="5,7-9" poisons the loss
     of those 1-based steps with NaN. Unset in normal runs."""
@@ -114,16 +135,22 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
         for block in model.layers:
             block.compile()
     opt = build_optimizer(model, t.lr, t.weight_decay, (t.beta1, t.beta2), fused=device.type == "cuda")
+    ckpt = Checkpointer(cfg.checkpoint.every_steps, job_state_keys(make_job))
+    state = ckpt.restore(model, opt)
+    if state is None:
+        state = TrainState()
+        load_initial_weights(model, cfg)  # model.init_from, if any (else the seeded init stands)
+    start_step, counters = state.step, state.counters
     job = make_job()
-    updates_per_step = getattr(job, "updates_per_step", 1)
-    sched = build_scheduler(opt, t.warmup_steps * updates_per_step, t.steps * updates_per_step, t.min_lr_ratio)
-
-    ckpt = Checkpointer(cfg.checkpoint.every_steps, job.state_keys)
-    state = ckpt.restore(model, opt) or TrainState()
+    job.start(WorkerContext(cfg, rank, world, device, model, records_dir, config), state.job)
+    ups = job.updates_per_step  # optimizer updates per global step (GRPO: several per rollout)
+    sched = build_scheduler(opt, t.warmup_steps * ups, t.steps * ups, t.min_lr_ratio)
     if state.scheduler:
         sched.load_state_dict(state.scheduler)
-    start_step, counters = state.step, state.counters
-    job.start(WorkerContext(cfg, rank, world, device, model, local_dir, config), state.job)
+        # Building the scheduler set the step-0 LR on the (already restored) optimizer: put
+        # back the LR of the step being resumed.
+        for group, lr in zip(opt.param_groups, sched.get_last_lr()):
+            group["lr"] = lr
 
     # One id per worker-group attempt, shared by all ranks (the ledger groups records by it).
     ids = [time.time()]
@@ -182,6 +209,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
                     out = train_step(model, opt, upd.micro_batches, loss_fn, norm, t.grad_clip, device, timer,
                                      poison=s1 in nan_steps)
                     sched.step()
+                    job.observe(out)
                     losses.append(out.stats.get("loss_sum", float("nan")) / max(norm, 1e-12))
                     grad_norm, skipped = out.grad_norm, skipped or out.skipped
                     tokens += upd.tokens
@@ -232,6 +260,8 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
                        "tokens_per_s": tokens_global / step_s, "mfu": fpt * tokens_global / step_s / (peak * world),
                        "step_s": step_s, "slowest_rank_step_s": slowest, "world_size": world,
                        **{k: v for k, v in phases.items()}, **memory_gib(device), "time": time.time()}
+                # The optimizer updates' own time (GRPO's update phase; forward+backward+optimizer).
+                rec["update_s"] = sum(phases.get(k, 0.0) for k in ("forward_s", "backward_s", "optimizer_s"))
                 if ckpt_s is not None:
                     rec["checkpoint_s"] = ckpt_s
                 if profiler.comm_s is not None:

@@ -1,0 +1,204 @@
+"""Which Ray cluster a job runs on, and whether that cluster can hold it.
+
+Resolution follows Ray's own `ray.init()` order, minus its process scan:
+
+1. `RAY_ADDRESS` (as under `ray job submit`): that cluster. `RAY_ADDRESS=local` asks for a
+   private instance; `RAY_ADDRESS=auto` for the recorded `ray start` cluster (below), and is an
+   error when there is none rather than an attach to whatever runs on the machine.
+2. The cluster that `ray start --head` recorded for this machine, if its GCS still answers:
+   Ray writes its address to `<ray temp dir>/ray_current_cluster` (`/tmp/ray` unless
+   `RAY_TMPDIR`/`TMPDIR` say otherwise) and `ray stop` removes it.
+3. Otherwise a new private local instance, owned by this job and stopped with it.
+
+Why not `ray.init(address="auto")`: when nothing is recorded, "auto" attaches to *any* GCS it
+finds by scanning processes, including the private instance of a notebook, test or benchmark
+that happens to run beside the job, which then dies with that program (issue 16).
+
+The private instance runs the dashboard: Ray Train's placement-group cleaner asks the state
+API (served by the dashboard) every second whether the controller lives; without it each
+question fails with a warning and a dead driver's placement group is never cleaned up. It
+is started with token auth chosen explicitly (`RAY_AUTH_MODE=token`, Ray's default for new
+instances), which is secure and spares the "token authentication is enabled" notice.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass, replace
+from typing import Dict, List, Optional
+
+ENV = "RAY_ADDRESS"
+FROM_ENV, RECORDED, PRIVATE, CONNECTED = "RAY_ADDRESS", "ray start", "private", "connected"
+
+
+class ClusterError(RuntimeError):
+    """The cluster cannot be reached or cannot hold the job; the message is one line."""
+
+
+@dataclass(frozen=True)
+class ClusterChoice:
+    kind: str                 # FROM_ENV | RECORDED | PRIVATE | CONNECTED
+    address: Optional[str]    # GCS address (None for a private instance until it starts)
+    record: str               # the `ray start` record file that was consulted
+    note: str = ""            # e.g. a stale record that was ignored
+
+    def describe(self) -> str:
+        """The job's first console line: which cluster, where, and why."""
+        if self.kind == FROM_ENV:
+            return f"[elastic] ray: joined the cluster in RAY_ADDRESS at {self.address}"
+        if self.kind == RECORDED:
+            return f"[elastic] ray: joined the cluster started with `ray start` on this machine at {self.address} (recorded in {self.record})"
+        if self.kind == CONNECTED:
+            return f"[elastic] ray: using this process's Ray connection at {self.address}"
+        why = "RAY_ADDRESS=local" if os.environ.get(ENV) == "local" else f"no RAY_ADDRESS, {self.note or 'no `ray start` cluster recorded in ' + self.record}"
+        return f"[elastic] ray: started a private local instance at {self.address} for this job ({why}); it stops with the job"
+
+
+def record_file() -> str:
+    """Where `ray start --head` records this machine's cluster (Ray's own lookup)."""
+    from ray._common.utils import get_ray_address_file
+
+    return get_ray_address_file(None)
+
+
+def gcs_answers(address: str, timeout_s: float = 2.0) -> bool:
+    """Whether something accepts connections at host:port (a recorded GCS that still runs)."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def recorded_cluster() -> tuple[Optional[str], str, str]:
+    """(address of the live recorded `ray start` cluster or None, record path, note)."""
+    path = record_file()
+    try:
+        with open(path) as f:
+            addr = f.read().strip()
+    except OSError:
+        return None, path, ""
+    if not addr:
+        return None, path, ""
+    if not gcs_answers(addr):
+        return None, path, f"the `ray start` cluster recorded in {path} ({addr}) is not running"
+    return addr, path, ""
+
+
+def resolve_cluster() -> ClusterChoice:
+    """Decide where the job runs without starting or joining anything (a process already
+    connected to Ray, e.g. a test or notebook, keeps its connection)."""
+    import ray
+
+    if ray.is_initialized():
+        return ClusterChoice(CONNECTED, ray.get_runtime_context().gcs_address, "")
+    return choose_cluster()
+
+
+def choose_cluster() -> ClusterChoice:
+    """RAY_ADDRESS, else the live recorded `ray start` cluster, else a private instance."""
+    env = os.environ.get(ENV, "").strip()
+    if env == "local":
+        return ClusterChoice(PRIVATE, None, record_file())
+    if env and env != "auto":
+        return ClusterChoice(FROM_ENV, env, "")
+    addr, path, note = recorded_cluster()
+    if addr:
+        return ClusterChoice(RECORDED, addr, path)
+    if env == "auto":
+        raise ClusterError(f"RAY_ADDRESS=auto but no running cluster started with `ray start` is recorded in {path}"
+                           f"{' (' + note + ')' if note else ''}; set RAY_ADDRESS to the cluster's address, or unset it "
+                           "to start a private local instance")
+    return ClusterChoice(PRIVATE, None, path, note)
+
+
+def choose_token_auth() -> None:
+    """Token auth for a new private instance, chosen explicitly rather than by Ray's default
+    (same result, without Ray's notice). RAY_AUTH_MODE set by the user wins."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    try:  # Ray's own switch: sets the variable and refreshes its cached C++ config
+        from ray._private.authentication.authentication_token_setup import _enable_token_auth
+
+        _enable_token_auth()
+    except ImportError:
+        pass  # another Ray: it chooses (and says so) itself
+
+
+def connect(choice: ClusterChoice, num_cpus: int, env_vars: Dict[str, str]) -> ClusterChoice:
+    """Start or join the chosen cluster; returns the choice with its address filled in.
+
+    Worker output stays in the Ray session's log files (log_to_driver=False): the driver shows
+    its own progress line instead. `env_vars` reach the workers of a private instance or a
+    recorded local cluster; a cluster given through RAY_ADDRESS (e.g. `ray job submit`) brings
+    its own runtime environment.
+    """
+    import ray
+
+    if choice.kind == CONNECTED:
+        return choice
+    quiet = dict(log_to_driver=False, logging_level=logging.WARNING)
+    try:
+        if choice.kind == FROM_ENV:
+            ray.init(address=choice.address, **quiet)
+        elif choice.kind == RECORDED:
+            ray.init(address=choice.address, runtime_env={"env_vars": env_vars}, **quiet)
+        else:
+            choose_token_auth()
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
+                     runtime_env={"env_vars": env_vars}, **quiet)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        where = f"the cluster at {choice.address} ({choice.kind})" if choice.address else "a private local Ray instance"
+        last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise ClusterError(f"cannot start or join {where}: {last}") from None
+    return replace(choice, address=ray.get_runtime_context().gcs_address)
+
+
+def _fmt(res: Dict[str, float]) -> str:
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in sorted(res.items())) + "}"
+
+
+def shortfall(bundles: List[Dict[str, float]], total: Dict[str, float], free: Dict[str, float]) -> str:
+    """What the cluster lacks for `bundles`, in words, from its total and free resources."""
+    need: Dict[str, float] = {}
+    for b in bundles:
+        for k, v in b.items():
+            need[k] = need.get(k, 0.0) + v
+    missing = [f"{k} {v:g} needed, the cluster has {total.get(k, 0):g}" for k, v in sorted(need.items()) if total.get(k, 0) + 1e-9 < v]
+    if missing:
+        return "; ".join(missing)
+    busy = [f"{k} {v:g} needed, {free.get(k, 0):g} of {total.get(k, 0):g} free (the rest is in use)"
+            for k, v in sorted(need.items()) if free.get(k, 0) + 1e-9 < v]
+    if busy:
+        return "; ".join(busy)
+    return f"no node can hold one of the bundles {', '.join(_fmt(b) for b in bundles)} (resources are spread over nodes)"
+
+
+def wait_for_resources(bundles: List[Dict[str, float]], what: str, timeout_s: float, setting: str) -> None:
+    """Block until the cluster can place `bundles` at once, at most `timeout_s` seconds.
+
+    A probe placement group is the question Ray itself answers (per-node fit, custom
+    resources, GPUs), and a pending one asks an autoscaling cluster to add nodes, so a
+    bounded wait covers clusters that grow on demand. The probe is removed before training
+    starts. Raises ClusterError naming what is missing.
+    """
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundles = [{k: v for k, v in b.items() if v > 0} for b in bundles]
+    bundles = [b for b in bundles if b]
+    if not bundles:
+        return
+    pg = placement_group(bundles, strategy="PACK")
+    try:
+        ready, _ = ray.wait([pg.ready()], timeout=max(0.0, timeout_s))
+    finally:
+        remove_placement_group(pg)
+    if ready:
+        return
+    lack = shortfall(bundles, ray.cluster_resources(), ray.available_resources())
+    raise ClusterError(f"the cluster at {ray.get_runtime_context().gcs_address} cannot hold {what} after waiting "
+                       f"{timeout_s:g}s ({setting}): {lack}")

@@ -1,0 +1,92 @@
+"""Driver side of GRPO: check the problems and the starting policy, start the run's one shared
+reward service, run the elastic TorchTrainer with the GRPO job, stop the service.
+
+Everything that can be wrong with the input (a missing problem directory or held-out id, a
+malformed problem, a starting checkpoint without a tokenizer) is a one-line error here, before
+any worker starts.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, TextIO
+
+from elastic.config import Config, ConfigError
+from elastic.config.load import resolved_tokenizer
+from elastic.data.chat import ChatFormat
+from elastic.data.sources import DataError
+from elastic.data.tokenizer import load_or_train
+from elastic.launch.data_plans import keep_tokenizer
+from elastic.launch.pretrain import JobLaunch, PretrainResult, RunPaths, build_torch_trainer, run_job
+
+
+def policy_tokenizer(cfg: Config) -> str:
+    """The tokenizer.json of the starting policy (the one that comes with `model.init_from`:
+    our run directory for `<run>/step_N`, or the Hugging Face directory)."""
+    if not cfg.model.init_from:
+        raise ConfigError("model.init_from: GRPO starts from a trained policy (an SFT checkpoint <run>/step_N "
+                          "or a Hugging Face directory); jobs/grpo.py runs the default SFT first when it is empty")
+    path = resolved_tokenizer(cfg)
+    if not path or not os.path.isfile(path):
+        raise DataError(f"model.init_from {cfg.model.init_from}: no tokenizer.json with it (set data.tokenizer)")
+    return path
+
+
+def reward_service_name(cfg: Config) -> str:
+    return f"elastic-reward-{cfg.run.name}"
+
+
+class GRPOLaunch(JobLaunch):
+    def plan(self, cfg: Config, paths: RunPaths, say) -> None:
+        from elastic.reward.problems import load_problems
+        from elastic.rl.split import split_problems
+
+        from elastic.model.hf import check_init_from
+
+        self.problems = load_problems(cfg.rl.problems)  # ProblemError: one line naming the file and field
+        self.split = split_problems(self.problems, cfg.rl.heldout, where=cfg.rl.problems)
+        tok_path = policy_tokenizer(cfg)
+        check_init_from(cfg)  # names and shapes from headers/metadata: one line, before any worker
+        self.tok = load_or_train(tok_path, "", [], cfg.data.vocab_size)
+        keep_tokenizer(tok_path, paths.local_dir)  # the run carries its tokenizer (export, reports)
+        self.chat = ChatFormat(chat_template=None if cfg.sft.template == "builtin" else self.tok.chat_template,
+                               eos_token=self.tok.eos_token, bos_token=self.tok.bos_token)
+        self.cfg = cfg
+        self.service = None
+
+    def describe(self) -> list:
+        rl = self.cfg.rl
+        return [f"[elastic] GRPO: {len(self.split.train)} training problems, {len(self.split.heldout)} held out; "
+                f"{rl.prompts_per_step} prompts x {rl.group_size} samples per step; policy from {self.cfg.model.init_from}"]
+
+    def start(self, cfg: Config, paths: RunPaths) -> None:
+        from elastic.reward.service import start_service
+
+        self.service = start_service(cfg.reward, cfg.rl.problems, name=reward_service_name(cfg), problems=self.problems)
+
+    def trainer(self, cfg: Config, paths: RunPaths, gpu: bool):
+        from elastic.rl.grpo import grpo_loop_per_worker
+
+        from elastic.data.code_opt import prompt_text
+
+        ids = list(self.split.train) + list(self.split.heldout)
+        return build_torch_trainer(cfg, paths, gpu, grpo_loop_per_worker,
+                                   {"tokenizer_json": self.tok.json, "chat_format": self.chat, "eos_id": self.tok.eos_id,
+                                    "reward_service": reward_service_name(cfg),
+                                    "prompt_texts": {p: prompt_text(os.path.join(cfg.rl.problems, p)) for p in ids},
+                                    "train_ids": list(self.split.train), "heldout_ids": list(self.split.heldout)})
+
+    def stop(self) -> None:
+        if self.service is not None:
+            self.service.shutdown()
+
+
+def run_grpo(cfg: Config, out: Optional[TextIO] = None, progress: bool = True) -> PretrainResult:
+    return run_job(cfg, GRPOLaunch(), out, progress)
+
+
+def latest_checkpoint(run_dir: str) -> Optional[str]:
+    from elastic.train.checkpoint import latest_complete
+
+    found = latest_complete(run_dir)
+    return found[0] if found else None

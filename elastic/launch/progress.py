@@ -1,0 +1,226 @@
+"""The driver's live progress: one line (step/total, loss, tokens/s, MFU, ETA) followed from the
+run's own records while `trainer.fit()` blocks.
+
+Why from the records: rank 0 appends one line per step to `metrics.jsonl` and the workers and
+the controller append worker-group starts, failures and restarts to `events.jsonl`. Tailing
+those files (with the shared tolerant reader in elastic/records.py) needs no extra channel
+from the workers, works for every job that writes the same records (pretraining, SFT, GRPO),
+and lets worker stdout stay in the Ray logs.
+
+On a terminal the line is a progress bar redrawn in place; otherwise (a log file, `ray job
+submit`) it is a plain line at the first step, at every tenth of the run and at its last step,
+and in between at least every `interval_s` seconds, so a short run's console stays the same
+length however slow the machine is and a long run still shows it is alive.
+Events print as their own lines. Fields that some jobs add (`reward_mean`, `kl`, ...) are
+shown when present.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+import time
+from collections import deque
+from typing import IO, Deque, Dict, List, Optional
+
+from elastic.records import EVENTS, METRICS, read_new_records
+
+# Optional per-step fields: (record key, label, format).
+EXTRA_FIELDS = (("reward_mean", "reward", "{:.3f}"), ("kl", "kl", "{:.4f}"))
+BAR_WIDTH = 24
+
+
+def fmt_duration(s: Optional[float]) -> str:
+    if s is None or s != s or s < 0:
+        return "?"
+    s = int(round(s))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
+
+
+def bar(frac: float, width: int = BAR_WIDTH) -> str:
+    """A unicode bar with eighth-block resolution."""
+    frac = min(1.0, max(0.0, frac))
+    eighths = int(round(frac * width * 8))
+    full, part = divmod(eighths, 8)
+    return "█" * full + ("▏▎▍▌▋▊▉"[part - 1] if part else "") + " " * (width - full - (1 if part else 0))
+
+
+class Progress:
+    """Follow `<local_dir>/metrics.jsonl` and `events.jsonl` from a background thread.
+
+    `total` is the run's step count (the denominator shown); `stop_step` the step this
+    invocation ends at (for the ETA; `train.until_step` or `total`). Only records appended
+    after `start()` are shown, so a resumed run does not replay its history.
+    """
+
+    def __init__(self, local_dir: str, total: int, stop_step: Optional[int] = None, stream: Optional[IO[str]] = None,
+                 tty: Optional[bool] = None, interval_s: float = 300.0, milestones: int = 10, poll_s: float = 0.5,
+                 prefix: str = "[elastic]"):
+        self.metrics = os.path.join(local_dir, METRICS)
+        self.events = os.path.join(local_dir, EVENTS)
+        self.total, self.stop_step = total, stop_step or total
+        self.stream = stream or sys.stdout
+        self.tty = self.stream.isatty() if tty is None else tty
+        self.interval_s, self.poll_s, self.prefix = interval_s, poll_s, prefix
+        self.every = max(1, total // max(1, milestones))  # steps between milestone lines
+        self.window: Deque[Dict] = deque(maxlen=20)  # recent step records of the current worker group
+        self.last: Optional[Dict] = None
+        self.last_printed_step = 0
+        self._last_line_t = 0.0
+        self._bar_shown = False
+        self._starts = 0
+        self._offsets = {self.metrics: 0, self.events: 0}
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    # -- formatting -----------------------------------------------------------------------
+    def eta_s(self) -> Optional[float]:
+        """Seconds to `stop_step` at the recent pace (wall time between step records, so
+        checkpoints and data waits count)."""
+        if not self.last:
+            return None
+        left = self.stop_step - self.last["step"]
+        if left <= 0:
+            return 0.0
+        w = list(self.window)
+        if len(w) < 2 or w[-1]["step"] <= w[0]["step"]:
+            return None  # a worker group's first step (start-up, first data) says little of its pace
+        return left * (w[-1]["time"] - w[0]["time"]) / (w[-1]["step"] - w[0]["step"])
+
+    def status(self) -> str:
+        """Step, loss, tokens/s (over the recent window), MFU, world size, extras, ETA."""
+        r = self.last
+        w = list(self.window)
+        step_s = sum(x.get("step_s", 0.0) for x in w)
+        tps = sum(x.get("tokens", 0) for x in w) / step_s if step_s > 0 else r.get("tokens_per_s", 0.0)
+        mfu = sum(x.get("mfu", 0.0) for x in w) / len(w) if w else r.get("mfu", 0.0)
+        parts = [f"loss {r['loss']:.4f}" if "loss" in r else "", f"{tps:,.0f} tok/s", f"MFU {mfu:.1%}"]
+        parts += [f"{label} {fmt.format(r[k])}" for k, label, fmt in EXTRA_FIELDS if isinstance(r.get(k), (int, float))]
+        if r.get("world_size"):
+            parts.append(f"{r['world_size']} workers")
+        eta = self.eta_s()
+        if r["step"] < self.stop_step and eta is not None:
+            parts.append(f"ETA {fmt_duration(eta)}")
+        return " | ".join(p for p in parts if p)
+
+    def plain_line(self) -> str:
+        r = self.last
+        return f"{self.prefix} step {r['step']}/{self.total} ({r['step'] / max(1, self.total):.0%}) {self.status()}"
+
+    def bar_line(self) -> str:
+        r = self.last
+        line = f"{self.prefix} {bar(r['step'] / max(1, self.total))} {r['step']}/{self.total} {self.status()}"
+        cols = shutil.get_terminal_size((120, 24)).columns
+        return line[:max(20, cols - 1)]
+
+    def event_line(self, e: Dict) -> Optional[str]:
+        kind = e.get("event")
+        if kind == "start":
+            self._starts += 1
+            how = f"attention {e.get('attention_backend')}, {e.get('device')}, {e.get('param_dtype')}"
+            if self._starts == 1 and not e.get("resumed_from"):
+                return f"{self.prefix} workers: {e.get('world_size')} started at step {e.get('step')} ({how})"
+            verb = "started" if self._starts == 1 else "restarted"
+            return f"{self.prefix} workers: {e.get('world_size')} {verb}, resuming at step {e.get('step')} ({how})"
+        if kind == "failure_decision":
+            return f"{self.prefix} worker group failed; Ray Train decided: {e.get('decision')}"
+        if kind == "controller_state" and e.get("error"):
+            return f"{self.prefix} training failed: {e['error']}"
+        return None
+
+    # -- output ---------------------------------------------------------------------------
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass  # a closed console must not take the run down
+
+    def _line(self, text: str) -> None:
+        """A line of its own, above the bar when one is shown."""
+        if self._bar_shown:
+            self._write("\r\x1b[2K")
+        self._write(text + "\n")
+        if self._bar_shown and self.last:
+            self._write(self.bar_line())
+
+    def _show(self, final: bool = False) -> None:
+        if not self.last:
+            return
+        if self.tty:
+            self._write("\r\x1b[2K" + self.bar_line())
+            self._bar_shown = True
+            return
+        now = time.monotonic()
+        step = self.last["step"]
+        milestone = step // self.every > self.last_printed_step // self.every
+        due = (self.last_printed_step == 0 or milestone or now - self._last_line_t >= self.interval_s
+               or step >= self.stop_step or final)
+        if due and step != self.last_printed_step:
+            self._write(self.plain_line() + "\n")
+            self.last_printed_step, self._last_line_t = step, now
+
+    # -- following ------------------------------------------------------------------------
+    def poll(self) -> None:
+        """Read what was appended since the last poll and update the console."""
+        events, self._offsets[self.events] = read_new_records(self.events, self._offsets[self.events])
+        for e in events:
+            if e.get("event") == "start":
+                self.window.clear()  # a new worker group: its pace is what counts now
+            text = self.event_line(e)
+            if text:
+                self._line(text)
+        recs, self._offsets[self.metrics] = read_new_records(self.metrics, self._offsets[self.metrics])
+        for r in recs:
+            if "step" in r:
+                self.window.append(r)
+                self.last = r
+        if recs:
+            self._show()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.poll()
+            except Exception:  # the console is best effort; training goes on
+                continue
+
+    def start(self) -> "Progress":
+        for path in self._offsets:  # follow from here: a resumed run's history is not news
+            try:
+                self._offsets[path] = os.path.getsize(path)
+            except OSError:
+                self._offsets[path] = 0
+        self._thread = threading.Thread(target=self._run, name="elastic-progress", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Show what is left (the final step) and end the bar's line."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            self.poll()
+        except Exception:
+            pass
+        if self.tty:
+            if self._bar_shown:
+                self._write("\n")
+        else:
+            self._show(final=True)
+
+    def __enter__(self) -> "Progress":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def lines(text: str) -> List[str]:
+    """Console text as the user sees it: carriage-return redraws collapsed (for tests and tools)."""
+    return [seg.split("\r")[-1].replace("\x1b[2K", "") for seg in text.split("\n")]

@@ -1,0 +1,421 @@
+"""The GRPO job: rollouts on the train workers, rewards from the shared CPU reward service, the
+clipped-ratio update on the same FSDP2 workers. It plugs into the shared per-worker loop
+(elastic/train/loop.py) like pretraining does; this file is only what makes GRPO different.
+
+One global step s (every rank runs the same code on its own completions):
+
+1. **Prompts** from the global prompt cursor (elastic/rl/prompts.py): the same problems at
+   any world size. Step s has P prompts × G samples = N completions, numbered globally;
+   each rank generates exactly the completions it will train on.
+2. **Generate** with the KV cache on the FSDP-sharded policy, parameters gathered once
+   (elastic/train/fsdp_generate.py); each completion is sampled with its own seed,
+   `rollout_seed(run.seed, s, prompt slot, sample)`, so it does not depend on the rank or the
+   batch. Every finished completion is submitted to the reward service at once.
+3. While the pool compiles and runs those programs: **old log-probs** (only when a rollout
+   is used for more than one optimizer step; with one, old = current, detached) and
+   **reference log-probs** (only when `rl.kl_coef` > 0).
+4. **Rewards**: wait for this rank's results (the service retries infrastructure failures;
+   a `sandbox_error` is never a verdict: that completion is dropped from the step), then
+   share (reward, status, length) of all N completions across ranks, so every rank computes
+   the same group advantages (overlong shaping first, then `rl.adv_norm`) and the same step
+   counts for the loss normalisers; zero-variance groups are dropped when configured.
+5. **Update**: `rl.updates_per_rollout` × `rl.minibatches_per_update` optimizer steps, each
+   `grpo_loss` with weights normalised by the whole minibatch (all ranks), so the gradient does
+   not depend on the split over workers and micro-batches.
+
+The job's state in the checkpoint is the prompt cursor (s·P); sampling needs no RNG state
+because seeds are derived from the step. A resumed run therefore regenerates the same
+completions and resubmits them under the same keys (the service returns the cached result).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from elastic.data.chat import ChatFormat, prompt_segments, tokenize_segments
+from elastic.data.tokenizer import from_json
+from elastic.model.attention import build_attention_metadata
+from elastic.records import append_record
+from elastic.rl.advantages import group_advantages, zero_variance_groups
+from elastic.rl.aggregation import StepCounts
+from elastic.rl.logprobs import token_entropy, token_logprobs
+from elastic.rl.loss import grpo_loss
+from elastic.rl.overlong import overlong_penalty
+from elastic.rl.prompts import PromptStream, completion_id, flat, group_of, rank_completions
+from elastic.rl.seeds import rollout_seed
+from elastic.train.job import Job, Update, WorkerContext
+from elastic.train.step import LossFn, LossOutput, Micro, StepOutput
+
+ROLLOUTS = "rollouts.jsonl"
+STATUS_RATES = ("compile_error", "wrong_answer", "runtime_error", "timeout", "memory_limit", "sandbox_error")
+
+
+@dataclass
+class Rollout:
+    """One completion of this rank, as generated."""
+
+    k: int                 # index in the step (0..N-1)
+    problem: str
+    prompt: List[int]
+    tokens: List[int]      # completion tokens
+    truncated: bool
+    key: str = ""
+    old_logp: Optional[np.ndarray] = None
+    ref_logp: Optional[np.ndarray] = None
+
+
+@dataclass
+class StepOutcome:
+    """What every rank knows about all N completions of the step after the exchange."""
+
+    rewards: np.ndarray          # [N] shaped reward (after overlong shaping)
+    raw_rewards: np.ndarray      # [N] the service's reward
+    statuses: List[str]
+    lengths: np.ndarray          # [N]
+    truncated: np.ndarray        # [N] bool
+    speedups: List[Optional[float]]
+    keep: np.ndarray             # [N] bool: in the loss (not sandbox_error, not a filtered group)
+    advantages: np.ndarray       # [N]
+    zero_var_groups: int = 0
+    stats: Dict[str, float] = field(default_factory=dict)
+
+
+def make_grpo_loss(rl, counts: Callable[[], StepCounts]) -> LossFn:
+    """The loss_fn of a GRPO optimizer step. A micro-batch holds prompt+completion rows
+    (`tokens`, `positions`, `doc_ids`), `cmask` (1 on kept completion tokens), `adv` [B], and
+    optionally `old_logp` / `ref_logp` aligned with the tokens; `counts()` gives the whole
+    optimizer step's StepCounts (same on every rank)."""
+
+    def loss(model, mb: Micro) -> LossOutput:
+        meta = build_attention_metadata(mb["doc_ids"], model.attention_backend)
+        logits = model(mb["tokens"], mb["positions"], mb["doc_ids"], meta)[:, :-1].float()
+        targets = mb["tokens"][:, 1:]
+        mask = mb["cmask"][:, 1:]
+        logp = token_logprobs(logits, targets)
+        old = mb["old_logp"][:, 1:] if "old_logp" in mb else logp.detach()
+        ref = mb["ref_logp"][:, 1:] if "ref_logp" in mb else None
+        with torch.no_grad():
+            ent = token_entropy(logits)
+        total, stats = grpo_loss(logp, old, mb["adv"], mask, loss_agg=rl.loss_agg, counts=counts(),
+                                 clip_low=rl.clip_low, clip_high=rl.clip_high, ref_logp=ref, kl_coef=rl.kl_coef,
+                                 kl_estimator=rl.kl_estimator, entropy=ent)
+        stats = dict(stats)
+        stats["loss_sum"] = stats["loss"]  # already this micro-batch's share of the step loss
+        return LossOutput(total, stats)
+
+    return loss
+
+
+def decode_text(tok, ids: List[int]) -> str:
+    return tok.decode(ids, skip_special_tokens=True)
+
+
+class GRPOJob(Job):
+    state_keys = ("prompt_cursor",)
+    wait_phase = "rollout"
+
+    def __init__(self) -> None:
+        self._cursor = 0
+        self._counts: Optional[StepCounts] = None
+        self._metrics: Dict[str, Any] = {}
+        self._update_stats: List[Dict[str, float]] = []
+
+    # ------------------------------------------------------------------ setup
+    def start(self, ctx: WorkerContext, state: Dict[str, Any]) -> None:
+        from elastic.reward.service import connect
+
+        self.ctx = ctx
+        cfg, rl = ctx.cfg, ctx.cfg.rl
+        self.rl = rl
+        # Prompts come from the driver (workers need no access to the problem directory).
+        self.prompt_texts: Dict[str, str] = ctx.config["prompt_texts"]
+        self.heldout = list(ctx.config["heldout_ids"])
+        self.stream = PromptStream(tuple(ctx.config["train_ids"]), cfg.run.seed)
+        self.tok = from_json(ctx.config["tokenizer_json"])
+        self.chat: ChatFormat = ctx.config["chat_format"]
+        self.eos_id: int = ctx.config["eos_id"]
+        self._prompt_ids: Dict[str, List[int]] = {}
+        self.reward = connect(ctx.config["reward_service"])
+        self.run_name = cfg.run.name
+        self.N = rl.prompts_per_step * rl.group_size
+        self.mine = rank_completions(self.N, rl.minibatches_per_update, ctx.world_size, ctx.rank)
+        self.updates_per_step = rl.updates_per_rollout * rl.minibatches_per_update
+        self.ref_model = self._reference_model() if rl.kl_coef > 0 else None
+        self._cursor = int(state.get("prompt_cursor") or 0)
+
+    def _reference_model(self) -> torch.nn.Module:
+        """The frozen starting policy (model.init_from), sharded like the policy."""
+        from elastic.train.loop import build_sharded_model, load_initial_weights, resolve_param_dtype
+
+        cfg = self.ctx.cfg
+        model, _, _ = build_sharded_model(cfg, self.ctx.device, resolve_param_dtype(cfg.train.param_dtype, self.ctx.device))
+        load_initial_weights(model, cfg)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        return model
+
+    def prompt_tokens(self, problem: str) -> List[int]:
+        if problem not in self._prompt_ids:
+            segs = prompt_segments([{"role": "user", "content": self.prompt_texts[problem]}], self.chat)
+            self._prompt_ids[problem] = tokenize_segments(segs, self.tok.encode_batch, self.eos_id)[0]
+        return self._prompt_ids[problem]
+
+    # ------------------------------------------------------------------ one step
+    def updates(self, step: int) -> Iterator[Update]:
+        rl, ctx = self.rl, self.ctx
+        self._metrics, self._update_stats = {}, []
+        prompts = self.stream.step(step, rl.prompts_per_step)
+        ks = flat(self.mine)
+        rollouts = self._generate(step, prompts, ks)
+        t0 = time.perf_counter()
+        self._logprob_passes(rollouts)
+        self._metrics["logprob_s"] = time.perf_counter() - t0
+        outcome = self._collect_rewards(step, prompts, rollouts)
+        by_k = {r.k: r for r in rollouts}
+        first = True
+        for _ in range(rl.updates_per_rollout):
+            for m, part in enumerate(self.mine):
+                mb_ks = range(m * (self.N // rl.minibatches_per_update), (m + 1) * (self.N // rl.minibatches_per_update))
+                kept = [k for k in mb_ks if outcome.keep[k]]
+                if not kept:
+                    continue  # nothing to learn from this minibatch (all filtered): no optimizer step
+                self._counts = StepCounts(sequences=len(kept), tokens=max(1, int(outcome.lengths[kept].sum())),
+                                          max_new_tokens=rl.max_new_tokens)
+                rows = [by_k[k] for k in part]
+                ids = [completion_id(prompts[group_of(k, rl.group_size)[0]][0], group_of(k, rl.group_size)[1], rl.group_size)
+                       for k in part] if first else []
+                first = False
+                yield Update(micro_batches=self._micro_batches(rows, outcome), normaliser=1.0,
+                             tokens=int(sum(len(r.tokens) for r in rows)), sample_ids=ids)
+        self.reward.forget([r.key for r in rollouts])
+        self._cursor = (step + 1) * rl.prompts_per_step
+
+    def _generate(self, step: int, prompts: List[Tuple[int, str]], ks: List[int]) -> List[Rollout]:
+        from elastic.train.fsdp_generate import fsdp_generate
+
+        rl = self.rl
+        rows: List[Rollout] = []
+        for k in ks:
+            slot, sample = group_of(k, rl.group_size)
+            pos, problem = prompts[slot]
+            rows.append(Rollout(k, problem, self.prompt_tokens(problem), [], False,
+                                key=f"{self.run_name}:{step}:{k}"))
+        seeds = [rollout_seed(self.ctx.cfg.run.seed, step, *group_of(r.k, rl.group_size)) for r in rows]
+        t0 = time.perf_counter()
+        submitted = set()
+
+        def on_finish(i: int, completion) -> None:  # stream each finished program to the pool
+            r = rows[i]
+            r.tokens, r.truncated = list(completion.tokens), completion.finish_reason == "length"
+            self.reward.submit([(r.key, r.problem, decode_text(self.tok, r.tokens))])
+            submitted.add(i)
+
+        outs = fsdp_generate(self.ctx.model, [r.prompt for r in rows], rl.max_new_tokens, temperature=rl.temperature,
+                             top_p=rl.top_p, top_k=rl.top_k, stop_token_ids=[self.eos_id], seed=seeds, on_finish=on_finish)
+        for i, (r, c) in enumerate(zip(rows, outs)):
+            if i not in submitted:
+                on_finish(i, c)
+        gen_s = time.perf_counter() - t0
+        self._gen_t0 = t0
+        self._metrics["generate_s"] = gen_s
+        self._metrics["_gen_tokens"] = sum(len(r.tokens) for r in rows)
+        return rows
+
+    def _sequence_batch(self, rows: List[Rollout]) -> Dict[str, np.ndarray]:
+        """Prompt + completion per row, right-padded to the longest; one document per row.
+        `cmask[b, t]` is 1 where token t is a completion token (a target of position t-1)."""
+        L = max(len(r.prompt) + len(r.tokens) for r in rows)
+        B = len(rows)
+        tokens = np.zeros((B, L), np.int64)
+        doc = np.full((B, L), -1, np.int64)
+        pos = np.zeros((B, L), np.int64)
+        cmask = np.zeros((B, L), np.float32)
+        for b, r in enumerate(rows):
+            seq = r.prompt + r.tokens
+            n = len(seq)
+            tokens[b, :n] = seq
+            doc[b, :n] = 0
+            pos[b, :n] = np.arange(n)
+            cmask[b, len(r.prompt):n] = 1.0
+        return {"tokens": tokens, "doc_ids": doc, "positions": pos, "cmask": cmask}
+
+    @torch.no_grad()
+    def _completion_logprobs(self, model, rows: List[Rollout]) -> List[np.ndarray]:
+        """Per row, log p(completion token) under `model` (forward passes in micro-batches; every
+        rank runs the same number, as FSDP gathers per forward)."""
+        out: List[np.ndarray] = []
+        mbs = self.rl.micro_batch_size
+        for i in range(0, len(rows), mbs):
+            part = rows[i:i + mbs]
+            b = self._sequence_batch(part)
+            t = {k: torch.from_numpy(v).to(self.ctx.device) for k, v in b.items()}
+            logits = model(t["tokens"], t["positions"], t["doc_ids"], build_attention_metadata(t["doc_ids"], model.attention_backend))
+            lp = token_logprobs(logits[:, :-1].float(), t["tokens"][:, 1:]).cpu().numpy()
+            for j, r in enumerate(part):
+                a = len(r.prompt) - 1
+                out.append(lp[j, a:a + len(r.tokens)].copy())
+        return out
+
+    def _logprob_passes(self, rows: List[Rollout]) -> None:
+        if self.updates_per_step > 1:  # the policy moves between updates: freeze what it was
+            for r, lp in zip(rows, self._completion_logprobs(self.ctx.model, rows)):
+                r.old_logp = lp
+        if self.ref_model is not None:
+            for r, lp in zip(rows, self._completion_logprobs(self.ref_model, rows)):
+                r.ref_logp = lp
+
+    def _collect_rewards(self, step: int, prompts, rows: List[Rollout]) -> StepOutcome:
+        rl = self.rl
+        t0 = time.perf_counter()
+        keys = [r.key for r in rows]
+        got: Dict[str, Any] = {}
+        while len(got) < len(keys):
+            got.update(self.reward.results([k for k in keys if k not in got], timeout_s=30.0))
+        self._metrics["reward_wait_s"] = time.perf_counter() - t0
+        self._metrics["_reward_span_s"] = time.perf_counter() - self._gen_t0
+        mine = [(r.k, float(got[r.key].reward), got[r.key].status, len(r.tokens), r.truncated, got[r.key].speedup)
+                for r in rows]
+        # Every completion with its verdict, for people reading what the policy writes.
+        path = os.path.join(self.ctx.local_dir, ROLLOUTS)
+        for r in rows:
+            res = got[r.key]
+            append_record(path, {"step": step + 1, "k": r.k, "problem": r.problem, "status": res.status,
+                                 "reward": res.reward, "speedup": res.speedup, "reason": (res.reason or "")[:300],
+                                 "tokens": len(r.tokens), "truncated": r.truncated, "completion": decode_text(self.tok, r.tokens)})
+        parts: List[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(parts, mine)
+        everything = sorted((x for p in parts for x in p), key=lambda x: x[0])
+        assert [x[0] for x in everything] == list(range(self.N)), "every completion of the step exactly once"
+        raw = np.array([x[1] for x in everything], np.float64)
+        statuses = [x[2] for x in everything]
+        lengths = np.array([x[3] for x in everything], np.int64)
+        trunc = np.array([x[4] for x in everything], bool)
+        speedups = [x[5] for x in everything]
+        shaped = raw + overlong_penalty(torch.from_numpy(lengths), torch.from_numpy(trunc), rl.max_new_tokens,
+                                        rl.overlong_buffer, rl.overlong_penalty, rl.truncation_penalty).numpy()
+        valid = np.array([s != "sandbox_error" for s in statuses])
+        P, G = rl.prompts_per_step, rl.group_size
+        adv = np.zeros(self.N)
+        keep = valid.copy()
+        zero_var = 0
+        for p in range(P):
+            idx = np.arange(p * G, (p + 1) * G)
+            v = idx[valid[idx]]
+            if len(v) < 2:  # no baseline left (infrastructure failures): nothing to learn
+                keep[idx] = False
+                continue
+            r = torch.from_numpy(shaped[v])[None]
+            if bool(zero_variance_groups(r)[0]):
+                zero_var += 1
+                if rl.filter_zero_variance:
+                    keep[idx] = False
+                    continue
+            adv[v] = group_advantages(r, rl.adv_norm)[0].numpy()
+        passed = [s == "ok" for s in statuses]
+        sp = [s for s, ok in zip(speedups, passed) if ok and s is not None]
+        m = {
+            "reward_mean": float(raw.mean()), "reward_std": float(raw.std()), "reward_max": float(raw.max()),
+            "pass_rate": float(np.mean(passed)), "speedup_mean": float(np.mean(sp)) if sp else None,
+            "zero_var_frac": zero_var / P, "kept_frac": float(keep.mean()),
+            "adv_mean": float(adv[keep].mean()) if keep.any() else 0.0, "adv_std": float(adv[keep].std()) if keep.any() else 0.0,
+            "resp_len_mean": float(lengths.mean()), "resp_len_max": int(lengths.max()), "trunc_rate": float(trunc.mean()),
+        }
+        for s in STATUS_RATES:
+            m[f"{s}_rate"] = float(np.mean([x == s for x in statuses]))
+        self._metrics.update(m)
+        return StepOutcome(shaped, raw, statuses, lengths, trunc, speedups, keep, adv, zero_var, m)
+
+    def _micro_batches(self, rows: List[Rollout], outcome: StepOutcome) -> List[Dict[str, np.ndarray]]:
+        out = []
+        for i in range(0, len(rows), self.rl.micro_batch_size):
+            part = rows[i:i + self.rl.micro_batch_size]
+            b = self._sequence_batch(part)
+            L = b["tokens"].shape[1]
+            old = np.zeros((len(part), L), np.float32)
+            ref = np.zeros((len(part), L), np.float32)
+            for j, r in enumerate(part):
+                a = len(r.prompt)
+                if r.old_logp is not None:
+                    old[j, a:a + len(r.tokens)] = r.old_logp
+                if r.ref_logp is not None:
+                    ref[j, a:a + len(r.tokens)] = r.ref_logp
+                if not outcome.keep[r.k]:
+                    b["cmask"][j] = 0.0
+            b["adv"] = np.array([outcome.advantages[r.k] for r in part], np.float32)
+            if any(r.old_logp is not None for r in part):
+                b["old_logp"] = old
+            if any(r.ref_logp is not None for r in part):
+                b["ref_logp"] = ref
+            out.append(b)
+        return out
+
+    # ------------------------------------------------------------------ loss
+    def loss_fn(self) -> LossFn:
+        return make_grpo_loss(self.rl, lambda: self._counts)
+
+    def observe(self, out: StepOutput) -> None:
+        self._update_stats.append(out.stats)
+
+    # ------------------------------------------------------------------ records
+    def state(self) -> Dict[str, Any]:
+        return {"prompt_cursor": self._cursor}
+
+    def evaluate(self, step: int) -> Dict[str, Any]:
+        """Greedy pass@1 and mean speedup on the held-out problems (each rank generates a share;
+        every rank enters generation, which gathers parameters collectively)."""
+        from elastic.train.fsdp_generate import fsdp_generate
+
+        rl, ctx = self.rl, self.ctx
+        if not rl.eval_every or not self.heldout or (step % rl.eval_every and step != ctx.cfg.train.steps):
+            return {}
+        mine = self.heldout[ctx.rank::ctx.world_size]
+        outs = fsdp_generate(ctx.model, [self.prompt_tokens(p) for p in mine], rl.max_new_tokens, temperature=0.0,
+                             stop_token_ids=[self.eos_id])
+        keys = [f"{self.run_name}:eval{step}:{p}" for p in mine]
+        self.reward.submit([(k, p, decode_text(self.tok, o.tokens)) for k, p, o in zip(keys, mine, outs)])
+        got: Dict[str, Any] = {}
+        while len(got) < len(keys):
+            got.update(self.reward.results([k for k in keys if k not in got], timeout_s=30.0))
+        self.reward.forget(keys)
+        res = [(got[k].status, got[k].speedup) for k in keys]
+        parts: List[Any] = [None] * ctx.world_size
+        dist.all_gather_object(parts, res)
+        alls = [x for p in parts for x in p if x[0] != "sandbox_error"]
+        if not alls:
+            return {}
+        ok = [sp for st, sp in alls if st == "ok"]
+        out = {"heldout_pass_at_1": len(ok) / len(alls), "heldout_problems": len(alls)}
+        if ok:
+            out["heldout_speedup"] = float(np.mean([x for x in ok if x is not None]))
+        return out
+
+    def step_metrics(self) -> Dict[str, Any]:
+        m = {k: v for k, v in self._metrics.items() if not k.startswith("_")}
+        gen_s = self._metrics.get("generate_s") or 0.0
+        gen_tokens = self._metrics.get("_gen_tokens", 0)
+        m["gen_tokens_per_s"] = gen_tokens * self.ctx.world_size / gen_s if gen_s else None
+        span = self._metrics.get("_reward_span_s")
+        m["reward_evals_per_s"] = self.N / span if span else None
+        if self._update_stats:
+            s = {k: sum(u.get(k, 0.0) for u in self._update_stats) for k in self._update_stats[0]}
+            n = max(s.get("tokens", 0.0), 1.0)
+            m.update(policy_loss=s.get("pg_loss", 0.0) / len(self._update_stats),
+                     kl=s.get("kl_sum", 0.0) / n, entropy=s.get("entropy_sum", 0.0) / n,
+                     clip_frac_low=s.get("clip_low_tokens", 0.0) / n, clip_frac_high=s.get("clip_high_tokens", 0.0) / n,
+                     optimizer_updates=len(self._update_stats))
+        return {k: v for k, v in m.items() if v is not None}
+
+
+def grpo_loop_per_worker(config: Dict[str, Any]) -> None:
+    """Ray Train entry for GRPO: the shared loop skeleton with the GRPO job."""
+    from elastic.train.loop import run_worker
+
+    run_worker(config, GRPOJob)

@@ -1,0 +1,76 @@
+"""Generation on an FSDP2-sharded model inside a train worker: gather once, decode locally.
+
+Every rank generates its own prompts (different counts, lengths and stop times). Left to
+itself FSDP2 would all-gather each block's parameters in its forward and free them after,
+one collective per block per decode step; ranks that stop after different numbers of steps
+would then wait on each other's collectives forever. So for the whole `generate()` call:
+
+1. every FSDP module (each block, then the root) is told not to reshard after forward
+   (`set_reshard_after_forward(False)`) and is unsharded (`unshard()`): one all-gather per
+   module, issued in the same order on every rank — the only collectives of the call;
+2. generation runs; each module's pre-forward hook finds its parameters already unsharded
+   and does nothing, so decoding issues no collective and ranks may run any number of steps
+   (tests/test_generate_fsdp.py checks this with torch.profiler and with ranks whose step
+   counts differ);
+3. the previous reshard-after-forward setting is restored and every module is resharded
+   (local: it only frees the gathered copies).
+
+Memory: the full parameters in `param_dtype` (MixedPrecisionPolicy) live on every rank for
+the duration of the call, plus the KV cache. Generation computes in that dtype.
+Must be entered by all ranks together (step 1 is collective).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator, List
+
+import torch.nn as nn
+from torch.distributed.fsdp import FSDPModule
+
+from elastic.model.generate import Completion, generate
+
+
+def _fsdp_modules(model: nn.Module) -> List[FSDPModule]:
+    # Children before the root: the same order on every rank.
+    return [m for m in reversed(list(model.modules())) if isinstance(m, FSDPModule)]
+
+
+def _post_forward_settings(mod: FSDPModule) -> List[Any]:
+    # The public setter has no getter; keep the private fields it writes, to restore them
+    # exactly (the root's "auto" mode included).
+    state = mod._get_fsdp_state()
+    return [state._auto_reshard_after_forward, [g.post_forward_mesh_info for g in state._fsdp_param_groups]]
+
+
+def _restore_post_forward(mod: FSDPModule, saved: List[Any]) -> None:
+    state = mod._get_fsdp_state()
+    state._auto_reshard_after_forward = saved[0]
+    for g, info in zip(state._fsdp_param_groups, saved[1]):
+        g.post_forward_mesh_info = info
+
+
+@contextmanager
+def gathered_parameters(model: nn.Module) -> Iterator[nn.Module]:
+    """Unshard every FSDP module of `model` for the duration of the block (collective on
+    entry; nothing collective inside; local resharding on exit). A no-op for plain models."""
+    mods = _fsdp_modules(model)
+    saved = [_post_forward_settings(m) for m in mods]
+    try:
+        for m in mods:
+            m.set_reshard_after_forward(False, recurse=False)
+        for m in mods:
+            m.unshard()
+        yield model
+    finally:
+        for m, s in zip(mods, saved):
+            _restore_post_forward(m, s)
+        for m in mods:
+            m.reshard()
+
+
+def fsdp_generate(model: nn.Module, prompts: List[List[int]], max_new_tokens: int, **kwargs: Any) -> List[Completion]:
+    """`elastic.model.generate.generate` on a sharded model; all ranks call it together,
+    each with its own prompts."""
+    with gathered_parameters(model):
+        return generate(model, prompts, max_new_tokens, **kwargs)

@@ -1,0 +1,47 @@
+"""Export one of our checkpoints as a Hugging Face model directory:
+`python jobs/export_hf.py --checkpoint <run>/step_N --out <dir> [--dtype bf16] [--max-shard-size 5GB]`.
+
+The result loads with `transformers.AutoModelForCausalLM.from_pretrained(<dir>)` (Llama, or
+Qwen2 when the model has q/k/v biases) and `AutoTokenizer.from_pretrained(<dir>)`. Runs in
+one process with no Ray and no process group; the checkpoint may come from any world size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from elastic.config import ConfigError  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--checkpoint", required=True, help="a checkpoint directory <run>/step_NNNNNNNN")
+    ap.add_argument("--out", required=True, help="output directory (created; existing files are overwritten)")
+    ap.add_argument("--dtype", choices=("fp32", "bf16", "fp16", "checkpoint"), default="checkpoint",
+                    help="dtype of the exported weights (default: the checkpoint's own, fp32)")
+    ap.add_argument("--max-shard-size", default="5GB", help="split weights into shards of at most this size (default 5GB)")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from elastic.model.hf import export_checkpoint, parse_size
+
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "checkpoint": None}[args.dtype]
+    try:
+        files = export_checkpoint(args.checkpoint, args.out, dtype=dtype, max_shard_bytes=parse_size(args.max_shard_size))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # --max-shard-size
+        print(f"error: --max-shard-size {args.max_shard_size}: {e}", file=sys.stderr)
+        return 2
+    print(f"[elastic] exported {args.checkpoint} -> {args.out}: {', '.join(files)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The driver's live progress follows a run's records as another process appends them: a bar
+redrawn in place on a terminal, plain periodic lines otherwise, worker-group events as lines
+of their own, extra fields when a job writes them, and nothing of a resumed run's history."""
+
+import io
+import threading
+import time
+
+from elastic.launch.progress import Progress, bar, fmt_duration, lines
+from elastic.records import EVENTS, METRICS, append_record
+
+
+class Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def _rec(step: int, t: float, **extra) -> dict:
+    return {"step": step, "loss": 6.0 - 0.01 * step, "tokens": 2000, "tokens_per_s": 4000.0, "mfu": 0.25, "step_s": 0.5,
+            "world_size": 2, "time": t, **extra}
+
+
+def _writer(d, steps, t0=1000.0, dt=0.5, pause=0.01, **extra):
+    """Rank 0's side, in another thread: a start event, then one record per step."""
+    def run():
+        append_record(str(d / EVENTS), {"event": "start", "time": t0, "world_size": 2, "step": 0, "resumed_from": None,
+                                        "attention_backend": "sdpa_mask", "device": "cpu", "param_dtype": "float32"})
+        for s in range(1, steps + 1):
+            append_record(str(d / METRICS), _rec(s, t0 + s * dt, **extra))
+            time.sleep(pause)
+    return threading.Thread(target=run)
+
+
+def test_plain_lines_at_each_tenth_of_the_run_and_the_last_step(tmp_path):
+    out = io.StringIO()
+    p = Progress(str(tmp_path), total=100, stream=out, interval_s=3600, poll_s=0.02).start()
+    w = _writer(tmp_path, 100)
+    w.start()
+    w.join()
+    p.stop()
+    shown = out.getvalue().splitlines()
+    assert shown[0] == "[elastic] workers: 2 started at step 0 (attention sdpa_mask, cpu, float32)"
+    steps = [int(ln.split()[2].split("/")[0]) for ln in shown if ln.startswith("[elastic] step ")]
+    # the first step seen, then one line per tenth (the poll may see a tenth a little late), then 100
+    assert 10 <= len(steps) <= 12 and steps[-1] == 100 and len({s // 10 for s in steps}) == len(steps), steps
+    assert shown[-1].startswith("[elastic] step 100/100 (100%) loss 5.0000 | 4,000 tok/s | MFU 25.0%")
+    assert "\r" not in out.getvalue()
+
+
+def test_plain_lines_also_every_interval_on_a_long_run(tmp_path):
+    out = io.StringIO()
+    p = Progress(str(tmp_path), total=10_000, stream=out, interval_s=0, poll_s=0.02).start()
+    w = _writer(tmp_path, 5, pause=0.1)
+    w.start()
+    w.join()
+    p.stop()
+    assert len([ln for ln in out.getvalue().splitlines() if ln.startswith("[elastic] step ")]) >= 3
+
+
+def test_terminal_bar_redraws_in_place_with_eta(tmp_path):
+    out = Tty()
+    p = Progress(str(tmp_path), total=40, stream=out, poll_s=0.02).start()
+    w = _writer(tmp_path, 20, pause=0.02)
+    w.start()
+    w.join()
+    end = time.time() + 10
+    while "20/40" not in out.getvalue() and time.time() < end:
+        time.sleep(0.02)
+    live = out.getvalue().split("\r")[-1].replace("\x1b[2K", "")
+    # 20 of 40 steps done at 0.5 s of wall time per step: 10 s left
+    assert "20/40" in live and "ETA 10s" in live and "2 workers" in live and "█" in live
+    p.stop()
+    text = out.getvalue()
+    assert text.count("\r") > 3 and text.endswith("\n")
+    assert lines(text)[0].startswith("[elastic] workers: 2 started")
+
+
+def test_extra_fields_and_restarts_are_shown(tmp_path):
+    out = io.StringIO()
+    p = Progress(str(tmp_path), total=3, stream=out, interval_s=0, poll_s=0.02).start()
+    w = _writer(tmp_path, 2, reward_mean=0.625)
+    w.start()
+    w.join()
+    end = time.time() + 10
+    while "step 2/3" not in out.getvalue() and time.time() < end:  # the follower has shown the first group
+        time.sleep(0.02)
+    append_record(str(tmp_path / EVENTS), {"event": "failure_decision", "time": 1002.0, "decision": "RETRY"})
+    append_record(str(tmp_path / EVENTS), {"event": "start", "time": 1003.0, "world_size": 1, "step": 2,
+                                           "resumed_from": "/r/step_00000002", "attention_backend": "sdpa_mask",
+                                           "device": "cpu", "param_dtype": "float32"})
+    append_record(str(tmp_path / METRICS), _rec(3, 1004.0, world_size=1))
+    p.stop()
+    text = out.getvalue()
+    assert "reward 0.625" in text
+    assert "[elastic] worker group failed; Ray Train decided: RETRY" in text
+    assert "[elastic] workers: 1 restarted, resuming at step 2" in text
+    assert text.splitlines()[-1].startswith("[elastic] step 3/3 (100%)") and "1 workers" in text.splitlines()[-1]
+
+
+def test_a_resumed_run_does_not_replay_its_history(tmp_path):
+    for s in range(1, 6):
+        append_record(str(tmp_path / METRICS), _rec(s, 1000.0 + s))
+    out = io.StringIO()
+    p = Progress(str(tmp_path), total=10, stream=out, interval_s=0, poll_s=0.02).start()
+    append_record(str(tmp_path / METRICS), _rec(6, 1006.0))
+    p.stop()
+    assert [ln.split()[2] for ln in out.getvalue().splitlines()] == ["6/10"]
+
+
+def test_formatting_helpers():
+    assert fmt_duration(59.6) == "1m00s" and fmt_duration(3725) == "1h02m" and fmt_duration(None) == "?"
+    assert bar(0.0, 4) == "    " and bar(1.0, 4) == "████" and bar(0.5, 4) == "██  " and len(bar(0.3, 10)) == 10

@@ -1,0 +1,60 @@
+"""The run's JSON-lines records survive a crash: a last line cut short is skipped by every
+reader (the run summary, recovery accounting, the live follower), and the next record
+written after it is not lost."""
+
+import json
+import os
+
+from elastic.launch.pretrain import RunPaths, summarize
+from elastic.launch.recovery import analyze
+from elastic.records import EVENTS, METRICS, append_record, read_new_records, read_records
+
+
+def _step(i: int, t: float) -> dict:
+    return {"step": i, "loss": 5.0 - 0.1 * i, "tokens": 100, "tokens_per_s": 1000.0, "mfu": 0.1, "step_s": 0.1,
+            "world_size": 2, "time": t, "bad_rows": 0}
+
+
+def _cut(path, record: dict) -> None:
+    """Append the first half of a record's line, as a crash mid-write leaves it."""
+    line = json.dumps(record) + "\n"
+    with open(path, "a") as f:
+        f.write(line[: len(line) // 2])
+
+
+def test_summary_reads_a_metrics_file_whose_last_line_is_cut(tmp_path):
+    append_record(str(tmp_path / EVENTS), {"event": "start", "time": 100.0, "world_size": 2, "step": 0})
+    for i in range(1, 4):
+        append_record(str(tmp_path / METRICS), _step(i, 100.0 + i))
+    _cut(tmp_path / METRICS, _step(4, 104.0))
+    _cut(tmp_path / EVENTS, {"event": "worker", "time": 104.5, "rank": 1})
+    s = summarize(RunPaths(str(tmp_path), str(tmp_path)), wall_s=5.0, checkpoint=None)
+    assert s["steps_logged"] == 3 and s["last_step"] == 3
+    assert s["first_loss"] == _step(1, 0)["loss"] and s["last_loss"] == _step(3, 0)["loss"]
+    assert json.loads((tmp_path / "summary.json").read_text())["steps_logged"] == 3
+    assert analyze(str(tmp_path))["steps_completed"] == 3
+
+
+def test_a_record_appended_after_a_cut_line_is_kept(tmp_path):
+    path = str(tmp_path / METRICS)
+    append_record(path, _step(1, 1.0))
+    _cut(path, _step(2, 2.0))
+    append_record(path, _step(2, 3.0))  # the relaunched run redoes step 2
+    assert [(r["step"], r["time"]) for r in read_records(path)] == [(1, 1.0), (2, 3.0)]
+
+
+def test_following_a_live_file_waits_for_complete_lines(tmp_path):
+    path = str(tmp_path / METRICS)
+    recs, off = read_new_records(path, 0)
+    assert recs == [] and off == 0  # not there yet
+    append_record(path, _step(1, 1.0))
+    line = json.dumps(_step(2, 2.0)) + "\n"
+    with open(path, "a") as f:
+        f.write(line[:10])  # being written
+    recs, off = read_new_records(path, 0)
+    assert [r["step"] for r in recs] == [1]
+    with open(path, "a") as f:
+        f.write(line[10:])
+    recs, off2 = read_new_records(path, off)
+    assert [r["step"] for r in recs] == [2] and off2 == os.path.getsize(path)
+    assert read_new_records(path, off2) == ([], off2)
