@@ -34,7 +34,7 @@ def main() -> int:
         with open(a.json, "w") as f:
             json.dump(r, f, indent=2)
         print(f"figures: {a.json}; logs and run dirs: {out}")
-    ok = r["exit_code"] == 0 and r["ledger"]["ok"]
+    ok = r["exit_code"] == 0 and r["ledger"]["ok"] and r["cache"]["ok"]
     return 0 if ok else 1
 
 

@@ -76,10 +76,15 @@ def main(argv=None) -> int:
         print(f"[elastic] run stopped at its own request: {res.stopped}", file=sys.stderr)
         return 5
     s = res.summary
-    print(f"[elastic] done in {res.wall_s:.0f}s: reward {s.get('first_reward', float('nan')):.3f} -> "
-          f"{s.get('last_reward', float('nan')):.3f}")
+    r = s.get("reward") or {}
+    if r:
+        print(f"[elastic] done in {res.wall_s:.0f}s: mean reward {r['first']:.3f} -> {r['last']:.3f}, pass rate "
+              f"{r['first_pass']:.0%} -> {r['last_pass']:.0%} (means of the first and last {r['window']} steps)")
     print(f"[elastic] checkpoints: {res.run_dir}  (latest: {res.checkpoint})")
-    print(f"[elastic] metrics:     {os.path.join(res.local_dir, 'metrics.jsonl')}")
+    print(f"[elastic] metrics:     {os.path.join(res.records_dir or res.local_dir, 'metrics.jsonl')}")
+    print(f"[elastic] rollouts:    {os.path.join(res.records_dir or res.local_dir, 'rollouts.jsonl')} (every completion and its verdict)")
+    if s.get("report"):
+        print(f"[elastic] report:      {s['report']}")
     return 0
 
 

@@ -61,14 +61,16 @@ def main(argv=None, kind: str = "pretrain", default_config: str = "", doc: str =
         counts = ", ".join(f"{k} {v}" for k, v in sorted(bad["counts"].items()))
         print(f"[elastic] skipped or cut {sum(bad['counts'].values())} rows ({counts}); first: {'; '.join(bad.get('examples', []))}")
     print(f"[elastic] checkpoints: {res.run_dir}  (latest: {res.checkpoint})")
-    print(f"[elastic] metrics:     {os.path.join(res.local_dir, 'metrics.jsonl')}")
+    print(f"[elastic] metrics:     {os.path.join(res.records_dir or res.local_dir, 'metrics.jsonl')}")
     print(f"[elastic] summary:     {os.path.join(res.local_dir, 'summary.json')}")
-    print(f"[elastic] events:      {os.path.join(res.local_dir, 'events.jsonl')}")
+    if s.get("report"):
+        print(f"[elastic] report:      {s['report']} (plots in {os.path.join(res.local_dir, 'plots')})")
+    print(f"[elastic] events:      {os.path.join(res.records_dir or res.local_dir, 'events.jsonl')}")
     print(f"[elastic] logs:        {res.ray_logs} (worker output)")
     if s.get("restarts"):
         from elastic.launch.recovery import analyze, format_table
 
-        print(format_table(analyze(res.local_dir)))
+        print(format_table(analyze(res.records_dir or res.local_dir)))
     return 0
 
 

@@ -33,3 +33,19 @@ def small_run_overrides(storage: Path, name: str, corpus: Path, steps: int, **ex
     }
     o.update(extra)
     return [f"{k}={v}" for k, v in o.items()]
+
+
+def open_store(plan, cache_root, name: str = "train", build_ahead: int = 2, task_env=None, plans=None):
+    """A store builder actor for `plan` (on the running Ray cluster) and a stream over it."""
+    from elastic.data.builder import start_builder
+    from elastic.data.reader import SampleStream
+
+    builder = start_builder(plans or {name: plan}, str(cache_root), build_ahead, task_env=task_env)
+    return builder, SampleStream(plan, name, builder, str(cache_root))
+
+
+def whole_epoch(stream):
+    """Every sample of epoch 0, in stream order."""
+    from elastic.data.reader import first_samples
+
+    return first_samples(stream, 1 << 40)

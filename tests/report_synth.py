@@ -32,6 +32,7 @@ class Profile:
     optimizer: float = 0.05
     comm_frac: float = 0.05  # exposed comm as a share of forward+backward (profiled steps)
     checkpoint: float = 0.05  # on saving steps
+    sync: float = 0.002  # waiting at the step's collectives for the slowest rank
     # GRPO (used when grpo=True)
     generate: float = 2.0
     reward_wait: float = 0.3
@@ -98,6 +99,7 @@ def simulate(sim: Sim) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]], floa
         else:
             parts = {"data_wait_s": j(p.data_wait) + (sim.first_step_wait if first else 0.0), "forward_s": j(p.forward),
                      "backward_s": j(p.backward), "optimizer_s": j(p.optimizer)}
+        parts["sync_s"] = j(p.sync)
         if step % sim.every == 0 or step == total:
             parts["checkpoint_s"] = j(p.checkpoint)
         step_s = sum(parts.values()) + 0.002

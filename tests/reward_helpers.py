@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
+import time
 from pathlib import Path
-from typing import List
+from typing import Callable, List, Tuple
 
 from elastic.reward.settings import EvalSettings
 
@@ -37,17 +39,72 @@ def leftover_programs() -> List[str]:
     return found
 
 
-def leftover_scratch() -> List[str]:
-    return [p.name for p in Path(tempfile.gettempdir()).glob("elastic-sbx-*")]
+def _owner_dead(name: str) -> bool:
+    owner = name.split("-")[2]
+    return owner.isdigit() and not os.path.exists(f"/proc/{owner}")
 
 
-def leftover_cgroups() -> List[str]:
+def leftover_scratch(dead_owners_only: bool = False) -> List[str]:
+    return [p.name for p in Path(tempfile.gettempdir()).glob("elastic-sbx-*")
+            if not dead_owners_only or _owner_dead(p.name)]
+
+
+def leftover_cgroups(dead_owners_only: bool = False) -> List[str]:
+    """Run cgroups on the host; a live sandbox keeps one for its spare launcher, so callers
+    either close their sandbox first or look only at owners that died."""
     out = []
     for ctrl in ("pids", "memory", "unified"):
         root = Path("/sys/fs/cgroup") / ctrl
         if root.is_dir():
             try:
-                out += [str(p) for p in root.rglob("elastic-sbx-*")]
+                out += [str(p) for p in root.rglob("elastic-sbx-*") if not dead_owners_only or _owner_dead(p.name)]
             except OSError:
                 pass
     return out
+
+
+def fence(lang: str, src: str) -> str:
+    """A model-style completion around one program."""
+    return f"Here is my answer.\n```{lang}\n{src}\n```\n"
+
+
+def mixed_items(problems, tag: str, copies: int = 1) -> Tuple[List[Tuple[str, str]], List[str]]:
+    """(items, expected statuses): fast/wrong/reference of both fixture problems, each source
+    made distinct by a comment naming `tag`, so no two items are the same program."""
+    items, expected = [], []
+    for c in range(copies):
+        for pid in ("pair-sum", "range-sum"):
+            prob = problems[pid]
+            for lang, src, status in (prob.solutions["fast"] + ("ok",), prob.solutions["wrong"] + ("wrong_answer",),
+                                      (prob.language, prob.reference_source, "ok")):
+                items.append((pid, fence(lang, f"{src}\n/* {tag} {c} {len(items)} */\n")))
+                expected.append(status)
+    return items, expected
+
+
+def evaluating_actor_pids() -> List[int]:
+    """Pool actors busy in `evaluate` right now (Ray titles a process by the method it runs)."""
+    found = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            argv0 = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if argv0 == b"ray::RewardActor.evaluate":
+            found.append(int(d))
+    return found
+
+
+def kill_pid(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def wait_until(cond: Callable[[], object], timeout_s: float, every_s: float = 0.05) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(every_s)
+    return bool(cond())

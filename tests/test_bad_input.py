@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from elastic.data import Cursor, DataError, GlobalBatches, build_dataset, prepare_data_plan
-from elastic.data.documents import read_shard
-from elastic.data.pipeline import configure_data_context
+from elastic.data import Cursor, DataError, prepare_data_plan
+from elastic.data.documents import BadRows, read_shard
+from elastic.data.reader import RankBatches
 from elastic.data.shards import plan_shards
 from elastic.data.sources import resolve_files
 from tests.conftest import REPO
@@ -50,15 +50,20 @@ def test_each_malformed_kind_is_counted_and_skipped(tmp_path):
 
 
 def test_bad_rows_travel_through_the_pipeline(ray_local, tmp_path):
-    configure_data_context()
+    from tests.helpers import open_store
+
     d = _mixed_corpus(tmp_path / "c")
     plan = prepare_data_plan(str(d), "**/*", "auto", "text", "", 300, 1.0, 16, 1.0, 0, False,
                              tokenizer_save_path=str(tmp_path / "tok.json"))
-    it = GlobalBatches(None, lambda c: build_dataset(plan, c, 1), Cursor(), 2, plan.num_shards)
-    for _ in range(3):
-        it.next()
-    assert it.bad_rows.total == 9
-    assert it.bad_rows.counts["missing_field"] == 3
+    _, stream = open_store(plan, tmp_path / "cache")
+    for rank in (0, 1):  # every rank counts the whole global batch's bad rows, whatever rows it reads
+        it = RankBatches(stream, Cursor(), 2, rank, 2)
+        bad = BadRows()
+        for _ in range(3):
+            bad.merge(it.next().bad_rows)
+        it.close()
+        assert bad.total == 9
+        assert bad.counts["missing_field"] == 3
 
 
 def test_missing_and_unreadable_paths_are_one_line_errors(tmp_path):

@@ -30,5 +30,10 @@ def test_train_throughput_smoke(tmp_path):
 
 def test_data_throughput_smoke(tmp_path):
     stdout, res = _run("data_throughput.py", tmp_path / "dt.json", "--cpus", "2")
-    assert res["tokens"] > 0 and res["tokens_per_s_per_core"] > 0
-    assert res["cores_per_gpu"] > 0 and "cores/GPU" in stdout
+    pc = res["per_core"]
+    assert pc["store"]["tokens"] == pc["bare"]["tokens"] > 0  # the same documents, the same tokens
+    assert pc["ratio_cpu"] > 0 and pc["trainer"]["cores_per_gpu"] > 0 and "cores/GPU" in stdout
+    ws = res["world_sizes"]
+    assert [w["world_size"] for w in ws] == [1, 2] and all(w["tokenize_cpu_s"] > 0 for w in ws)
+    assert ws[0]["source"] == "cache build records" and all(w["builds"] >= 1 for w in ws)
+    assert res["default_job"]["steps"] == 3 and 0 <= res["default_job"]["share_all"] < 1

@@ -1,7 +1,7 @@
 """One elastic run on a real multi-node Ray cluster survives a scale-up (a node joins), a
 scale-down (a node's processes are killed) and a SIGKILLed train worker, then finishes with
-every sample of the consumed range trained on exactly once and the same per-step loss as a
-fixed-world-size run.
+every sample of the consumed range trained on exactly once, every shard tokenized exactly once
+(the shard cache's own build records), and the same per-step loss as a fixed-world-size run.
 
 Loss tolerance: 1e-4 relative. Both runs are fp32 on CPU from the same initial weights and
 see the same global batches; world size 2 sums gradients by reduce-scatter where world
@@ -29,6 +29,8 @@ def test_scale_up_down_and_worker_kill_in_one_run(tmp_path):
     led = r["ledger"]
     assert led["ok"], led
     assert led["world_sizes"] == [1, 2]
+    cache = r["cache"]  # tokenized once per run, through a resize, a node loss and a SIGKILL
+    assert cache["ok"] and cache["shards"] >= 2 and cache["builds"] == cache["shards"], cache
     lc = r["loss_compare"]
     assert lc["steps_compared"] == STEPS
     assert lc["max_rel_diff"] < 1e-4, lc

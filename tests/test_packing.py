@@ -1,4 +1,5 @@
-"""Packing loses and duplicates no token, also through the real Ray Data pipeline."""
+"""Packing loses and duplicates no token, also through the real store (builder tasks on Ray,
+the shard cache, the reader)."""
 
 import os
 from collections import Counter
@@ -6,10 +7,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from elastic.data import Cursor, GlobalBatches, build_dataset, prepare_data_plan
+from elastic.data import Cursor, prepare_data_plan
 from elastic.data.packing import labels_for, pack_documents, unpack_tokens
-from elastic.data.pipeline import configure_data_context
+from elastic.data.reader import RankBatches
 from elastic.data.tokenizer import from_json
+from tests.helpers import open_store, whole_epoch
 
 
 def test_pack_roundtrip_across_sample_boundaries():
@@ -56,7 +58,6 @@ def corpus(tmp_path_factory):
 
 
 def test_pipeline_token_multiset_equals_input_plus_eos(ray_local, corpus, tmp_path):
-    configure_data_context()
     # Tiny shards (2 KiB) so documents are packed across many shards and sample boundaries.
     plan = prepare_data_plan(str(corpus), "**/*.txt", "auto", "text", "", 300, 1.0, 32, 2 / 1024, 0, True,
                              tokenizer_save_path=str(tmp_path / "tok.json"))
@@ -65,55 +66,66 @@ def test_pipeline_token_multiset_equals_input_plus_eos(ray_local, corpus, tmp_pa
     expected = Counter()
     for f in sorted(corpus.iterdir()):
         expected.update(tok.encode(f.read_text()).ids + [plan.tokenizer.eos_id])
-    rows = build_dataset(plan, Cursor(), epochs=1).take_all()
-    got = Counter()
-    ids = []
-    for r in rows:
-        got.update(np.asarray(r["tokens"])[np.asarray(r["doc_ids"]) >= 0].tolist())
-        ids.append(r["sample_id"])
+    _, stream = open_store(plan, tmp_path / "cache")
+    rows = whole_epoch(stream)
+    got = Counter(rows["tokens"][rows["doc_ids"] >= 0].tolist())
+    ids = rows["sample_id"].tolist()
     assert got == expected
     assert len(ids) == len(set(ids))  # global sample ids are unique
 
 
 def test_resume_from_cursor_continues_exactly(ray_local, corpus, tmp_path):
-    """Seeking to a cursor yields exactly the rest of the uninterrupted stream."""
-    configure_data_context()
+    """Seeking to a cursor yields exactly the rest of the uninterrupted stream (into epoch 2)."""
     plan = prepare_data_plan(str(corpus), "**/*.txt", "auto", "text", "", 300, 1.0, 32, 2 / 1024, 7, True,
                              tokenizer_save_path=str(tmp_path / "tok.json"))
-    make = lambda c: build_dataset(plan, c, epochs=2)  # noqa: E731
-    full = GlobalBatches(None, make, Cursor(), 4, plan.num_shards)
-    ref = [full.next()["sample_id"].tolist() for _ in range(12)]
-    part = GlobalBatches(None, make, Cursor(), 4, plan.num_shards)
+    _, stream = open_store(plan, tmp_path / "cache")
+    per_epoch = len(whole_epoch(stream)["sample_id"])
+    steps = per_epoch // 4 + 8  # crosses into the second epoch
+    full = RankBatches(stream, Cursor(), 4, 0, 1, prefetch_steps=0)
+    ref = [full.next().rows["sample_id"].tolist() for _ in range(steps)]
+    assert full.cursor.epoch == 1
+    part = RankBatches(stream, Cursor(), 4, 0, 1)
     for _ in range(5):
         part.next()
-    resumed = GlobalBatches(None, make, part.cursor, 4, plan.num_shards)
-    assert [resumed.next()["sample_id"].tolist() for _ in range(7)] == ref[5:]
+    resumed = RankBatches(stream, part.cursor, 4, 0, 1)
+    assert [resumed.next().rows["sample_id"].tolist() for _ in range(steps - 5)] == ref[5:]
     assert resumed.cursor == full.cursor
+    part.close()
+    resumed.close()
 
 
 def test_seek_never_reads_shards_before_the_cursor(ray_local, tmp_path):
-    """Resuming costs the same however far the run got: the files of every shard before the
-    cursor are deleted, and the stream from the cursor is still exactly the rest."""
+    """Resuming costs the same however far the run got: the source files *and* the cache files
+    of every shard before the cursor are deleted, a fresh builder (a restarted run) serves the
+    resumed stream, and it is still exactly the rest; no earlier shard's file is opened."""
     import shutil
+
+    from elastic.data.store import ShardCache, shard_key
 
     src = tmp_path / "corpus"
     shutil.copytree(make_corpus_dir(tmp_path / "orig"), src)
-    configure_data_context()
     plan = prepare_data_plan(str(src), "**/*.txt", "auto", "text", "", 300, 1.0, 64, 2 / 1024, 3, False,
                              tokenizer_save_path=str(tmp_path / "tok.json"))
-    make = lambda c: build_dataset(plan, c, epochs=1)  # noqa: E731
-    full = GlobalBatches(None, make, Cursor(), 4, plan.num_shards)
-    batches = [full.next()["sample_id"].tolist() for _ in range(12)]
-    head = GlobalBatches(None, make, Cursor(), 4, plan.num_shards)
+    cache_root = tmp_path / "cache"
+    _, stream = open_store(plan, cache_root)
+    full = RankBatches(stream, Cursor(), 4, 0, 1, prefetch_steps=0)
+    batches = [full.next().rows["sample_id"].tolist() for _ in range(12)]
+    _, stream = open_store(plan, cache_root)
+    head = RankBatches(stream, Cursor(), 4, 0, 1, prefetch_steps=0)
     for _ in range(8):
         head.next()
     cur = head.cursor
     assert cur.shard_pos >= 2, cur  # the test needs whole shards behind the cursor
+    cache = ShardCache(str(cache_root), plan)
     for shard in plan.shards[: cur.shard_pos]:  # shuffle=False: epoch order is shard id order
         for piece in shard.pieces:
             os.remove(piece.uri)
-    resumed = GlobalBatches(None, make, cur, 4, plan.num_shards)
-    assert [resumed.next()["sample_id"].tolist() for _ in range(4)] == batches[8:]
+        os.remove(cache.data_path(shard_key(shard)))
+        os.remove(cache.meta_path(shard_key(shard)))
+    _, stream = open_store(plan, cache_root)  # a new builder: nothing memoised
+    resumed = RankBatches(stream, cur, 4, 0, 1, prefetch_steps=0)
+    assert [resumed.next().rows["sample_id"].tolist() for _ in range(4)] == batches[8:]
+    assert min(stream.files_opened) >= cur.shard_pos, stream.files_opened
 
 
 def make_corpus_dir(d):

@@ -62,6 +62,12 @@ def test_checkpoint_bound():
     assert "checkpoint.every_steps (now 20)" in d.lever
 
 
+def test_waiting_for_the_slowest_rank_is_sync():
+    d = run(Sim(profile=Profile(sync=0.4)))
+    assert d.name == "sync"
+    assert "slowest rank" in d.evidence and "slowest_rank_step_s" in d.lever
+
+
 def test_largest_share_wins_and_others_are_listed():
     d = run(Sim(profile=Profile(data_wait=0.3, comm_frac=0.6)))
     names = [f.name for f in d.findings]

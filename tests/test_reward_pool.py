@@ -1,18 +1,14 @@
-"""The Ray actor pool: ordered results, code extraction, and surviving a killed actor."""
+"""The Ray actor pool: ordered results, extraction, dedup, and surviving a killed actor."""
 
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from elastic.config.schema import RewardSection
-from tests.reward_helpers import FIXTURES, leftover_cgroups, leftover_programs, leftover_scratch
-
-
-def fence(lang, src):
-    return f"Here is my answer.\n```{lang}\n{src}\n```\n"
+from tests.reward_helpers import (FIXTURES, evaluating_actor_pids, fence, kill_pid, leftover_cgroups, leftover_programs,
+                                  leftover_scratch, mixed_items, wait_until)
 
 
 @pytest.fixture(scope="module")
@@ -27,41 +23,51 @@ def pool(ray_local, tmp_path_factory):
     p.shutdown()
 
 
-def batch(pool):
-    items, expected = [], []
-    for pid in ("pair-sum", "range-sum"):
-        prob = pool.problems[pid]
-        for sol, status in (("fast", "ok"), ("wrong", "wrong_answer")):
-            lang, src = prob.solutions[sol]
-            items.append((pid, fence(lang, src)))
-            expected.append(status)
-        items.append((pid, fence(prob.language, prob.reference_source)))
-        expected.append("ok")
-    return items, expected
-
-
 def test_batch_in_order_with_extraction(pool):
-    items, expected = batch(pool)
+    items, expected = mixed_items(pool.problems, "order")
     items += [("pair-sum", "I would use a hash map."), ("no-such-problem", "```c\nint main(){}\n```")]
     expected += ["compile_error", "sandbox_error"]
     results = pool.evaluate_batch(items)
     assert [r.status for r in results] == expected
     assert [r.problem_id for r in results] == [pid for pid, _ in items]
     assert results[-2].reason == "no code block found"
+    assert not any(r.dedup for r in results)  # every program distinct
     assert pool.layers()["net_namespace"]
+
+
+def test_identical_programs_evaluated_once(pool):
+    prob = pool.problems["pair-sum"]
+    lang, src = prob.solutions["fast"]
+    once = fence(lang, src + "\n/* dedup */\n")
+    before = pool.stats()
+    # the same program 4 times in a batch (with different prose around it), plus a wrong one twice
+    wlang, wsrc = prob.solutions["wrong"]
+    wrong = fence(wlang, wsrc + "\n/* dedup */\n")
+    items = [("pair-sum", once), ("pair-sum", "Try this:\n" + once), ("pair-sum", once), ("pair-sum", wrong),
+             ("pair-sum", once), ("pair-sum", wrong)]
+    results = pool.evaluate_batch(items)
+    assert [r.status for r in results] == ["ok"] * 3 + ["wrong_answer", "ok", "wrong_answer"]
+    after = pool.stats()
+    assert after["evaluations"] - before["evaluations"] == 2
+    assert after["dedup_hits"] - before["dedup_hits"] == 4
+    assert sum(not r.dedup for r in results) == 2
+    assert len({r.reward for r in results if r.status == "ok"}) == 1  # one measurement for all copies
+    # a later batch finds them in the dedup window: nothing evaluated again
+    again = pool.evaluate_batch([("pair-sum", once), ("pair-sum", wrong)])
+    assert [r.status for r in again] == ["ok", "wrong_answer"] and all(r.dedup for r in again)
+    assert pool.stats()["evaluations"] == after["evaluations"]
 
 
 def test_killed_actor_mid_batch(pool):
     import ray
 
-    items, expected = batch(pool)
-    items, expected = items * 2, expected * 2
+    items, expected = mixed_items(pool.problems, "kill", copies=2)
     out = {}
     th = threading.Thread(target=lambda: out.setdefault("r", pool.evaluate_batch(items)))
     before = pool.replaced
     th.start()
-    time.sleep(1.5)  # both actors are busy by now
-    ray.kill(pool.actors[0])
+    assert wait_until(lambda: evaluating_actor_pids(), timeout_s=60), "no actor started evaluating"
+    kill_pid(evaluating_actor_pids()[0])  # SIGKILL mid-evaluation: a crash, not a polite stop
     th.join(timeout=300)
     results = out["r"]
     assert len(results) == len(items) and all(r is not None for r in results)
@@ -69,12 +75,13 @@ def test_killed_actor_mid_batch(pool):
     assert pool.replaced > before
     assert any(r.attempts > 1 for r in results)
     # the replacement actor serves new work
-    again = pool.evaluate_batch(items[:3])
-    assert [r.status for r in again] == expected[:3]
-    assert leftover_programs() == []
-    # the killed actor could not clean up; its replacement swept its scratch dirs and cgroups
-    assert ray.get(pool.actors[0].pid.remote()) > 0
-    assert leftover_scratch() == [] and leftover_cgroups() == []
+    more, more_expected = mixed_items(pool.problems, "after-kill")
+    assert [r.status for r in pool.evaluate_batch(more[:3])] == more_expected[:3]
+    assert wait_until(lambda: leftover_programs() == [], 10), leftover_programs()
+    # the killed actor could not clean up; a sandbox on this node swept its scratch dirs and cgroups
+    assert all(ray.get([a.pid.remote() for a in pool.actors]))
+    assert wait_until(lambda: leftover_scratch(dead_owners_only=True) == []
+                      and leftover_cgroups(dead_owners_only=True) == [], timeout_s=10)
 
 
 def test_item_deadline_is_infra_failure(ray_local, pool, tmp_path):
@@ -82,12 +89,33 @@ def test_item_deadline_is_infra_failure(ray_local, pool, tmp_path):
     from elastic.reward.pool import RewardPool
 
     section = RewardSection(num_actors=1, item_deadline_s=1.0, max_retries=1, timing_runs=1, warmup_runs=0,
-                            cache_dir=str(tmp_path))
+                            dedup_window=1, cache_dir=str(tmp_path))
     slow = RewardPool(section, FIXTURES, problems=pool.problems)
     try:
         sleeper = fence("c", "#include <unistd.h>\nint main(void){ for(;;) pause(); }")
         [r] = slow.evaluate_batch([("pair-sum", sleeper)])
         assert r.status == "sandbox_error" and "deadline" in r.reason and r.attempts == 2
         assert slow.replaced == 2
+        # infrastructure failures are never cached: the same program is tried afresh
+        slow.evaluate_batch([("pair-sum", sleeper)])
+        assert slow.stats()["dedup_hits"] == 0 and slow.replaced == 4
     finally:
         slow.shutdown()
+
+
+def test_dedup_window_is_bounded(ray_local, pool, tmp_path):
+    """A window of one program: A, B, A evaluates A twice; 0 turns dedup off."""
+    import dataclasses
+
+    from elastic.reward.pool import RewardPool
+
+    a, b = (fence("c", "int main(void){ return 1; } /* %s */" % t) for t in "ab")
+    for window, batches, evaluations in ((1, [[a], [b], [a]], 3), (0, [[a, a]], 2)):
+        section = dataclasses.replace(pool.section, num_actors=1, dedup_window=window, cache_dir=str(tmp_path))
+        small = RewardPool(section, FIXTURES, problems=pool.problems)
+        try:
+            rs = [r for batch in batches for r in small.evaluate_batch([("pair-sum", x) for x in batch])]
+            assert [r.status for r in rs] == ["runtime_error"] * len(rs) and not any(r.dedup for r in rs)
+            assert small.stats()["evaluations"] == evaluations
+        finally:
+            small.shutdown()

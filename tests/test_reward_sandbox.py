@@ -18,7 +18,8 @@ import pytest
 
 from elastic.reward import evaluate, load_problem
 from elastic.reward.isolation import detect
-from tests.reward_helpers import FIXTURES, fast_settings, leftover_cgroups, leftover_programs, leftover_scratch
+from tests.reward_helpers import (FIXTURES, fast_settings, leftover_cgroups, leftover_programs, leftover_scratch,
+                                  wait_until)
 
 SOLVE = r"""
 #include <stdio.h>
@@ -77,7 +78,7 @@ def test_hostile_program_contained(problem, settings, name, src, expected):
     assert r.reward == settings.failure_reward
     if name == "output_flood":
         assert "output limit" in r.reason
-    assert leftover_programs() == []
+    assert wait_until(lambda: leftover_programs() == [], 10), leftover_programs()
 
 
 def test_network_is_unreachable(problem, settings):
@@ -154,13 +155,148 @@ def test_compile_time_bomb(problem, settings, lang, src):
     r = run(problem, quick, src, lang)
     assert r.status == "compile_error", (r.status, r.reason)
     assert r.duration_s < quick.compile_time_limit_s + 10
-    assert leftover_programs() == []
+    assert wait_until(lambda: leftover_programs() == [], 10), leftover_programs()
 
 
 def test_host_is_fine_afterwards(problem, settings):
     lang, src = problem.solutions["fast"]
     r = run(problem, settings, src, lang)
     assert r.status == "ok", r.reason
-    assert leftover_programs() == []
+    assert wait_until(lambda: leftover_programs() == [], 10), leftover_programs()
     assert leftover_scratch() == []
-    assert leftover_cgroups() == []
+    from elastic.reward.evaluator import default_sandbox
+
+    default_sandbox(settings.env_allow).close()  # its spare launcher holds a cgroup by design
+    assert wait_until(lambda: leftover_cgroups() == [], 10), leftover_cgroups()
+
+
+LIMITS_PROBE = r"""
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdio.h>
+#include <sys/resource.h>
+static unsigned long long lim(int r) { struct rlimit l; getrlimit(r, &l); return (unsigned long long)l.rlim_cur; }
+int main(void) {
+    cpu_set_t s; CPU_ZERO(&s); sched_getaffinity(0, sizeof s, &s);
+    int first = -1; for (int i = 0; i < CPU_SETSIZE; i++) if (CPU_ISSET(i, &s)) { first = i; break; }
+    printf("%llu %llu %llu %llu %llu %d %d\n", lim(RLIMIT_NOFILE), lim(RLIMIT_FSIZE), lim(RLIMIT_CPU),
+           lim(RLIMIT_AS), lim(RLIMIT_CORE), CPU_COUNT(&s), first);
+    return 0;
+}
+"""
+
+
+def _isolation(wrapper: str):
+    """The detected layers with bwrap, or the `unshare` fallback (detection cache restored)."""
+    from elastic.reward import isolation
+
+    if wrapper == "bwrap":
+        return isolation.detect()
+    saved = isolation._DETECTED
+    try:
+        iso = isolation.detect(force=True, allow_bwrap=False)
+    finally:
+        isolation._DETECTED = saved
+    if iso.wrapper != "unshare":
+        pytest.skip("no usable unshare here")
+    return iso
+
+
+@pytest.mark.parametrize("wrapper", ["bwrap", "unshare"])
+@pytest.mark.parametrize("use_launcher", [True, False], ids=["launcher", "preexec_fn"])
+def test_limits_are_in_place_when_the_program_starts(tmp_path, use_launcher, wrapper):
+    """Both spawn paths (exec shim, preexec_fn fallback) apply the same rlimits and pinning,
+    under bwrap and under the unshare fallback."""
+    from elastic.reward.programs import compile_limits, compiled, run_binary, run_limits
+    from elastic.reward.sandbox import Sandbox
+
+    sb = Sandbox(isolation=_isolation(wrapper), use_launcher=use_launcher)
+    assert (sb.launcher is not None) is use_launcher
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    limits = run_limits(2.0, 128)
+    empty = tmp_path / "in"
+    empty.write_bytes(b"")
+    with compiled(sb, LIMITS_PROBE, "c", compile_limits(20, 1024)) as c:
+        assert c.ok, c.reason
+        o = run_binary(sb, c.binary, empty, limits, cpu)
+    assert o.ok, (o.sandbox_error, o.stderr)
+    nofile, fsize, cpu_s, as_, core, ncpu, first = map(int, o.stdout.split())
+    assert (nofile, fsize, cpu_s, core) == (limits.nofile, limits.fsize_mb << 20, limits.cpu_limit, 0)
+    assert as_ == (limits.memory_mb + 64) << 20
+    assert (ncpu, first) == (1, cpu)
+
+
+def _launch(cgroups, message):
+    """Run the launcher by hand: (exit code, report pipe text, stdout)."""
+    import subprocess
+
+    from elastic.reward import launcher
+
+    exe = launcher.build()
+    assert exe is not None, "gcc could not build the launcher"
+    rep_r, rep_w = os.pipe()
+    msg_r, msg_w = os.pipe()
+    p = subprocess.Popen(launcher.argv(exe, rep_w, msg_r, cgroups), pass_fds=(rep_w, msg_r),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    os.close(rep_w)
+    os.close(msg_r)
+    try:
+        os.write(msg_w, message)
+    except BrokenPipeError:
+        pass
+    os.close(msg_w)
+    out, err = p.communicate(timeout=30)
+    with os.fdopen(rep_r, "rb") as f:
+        report = f.read().decode()
+    assert err == b""  # never stderr: a program could write there
+    return p.returncode, report, out
+
+
+def test_launcher_reports_on_its_own_channel():
+    """The shim reports on a private pipe, never by exit code or stderr a program could forge;
+    an empty message (cancelled, or its parent died) runs nothing."""
+    from elastic.reward import launcher
+
+    code, report, _ = _launch(["/nonexistent/cgroup.procs"], launcher.message(["/bin/echo", "ran"], [], None))
+    assert code == launcher.EXIT_LAUNCHER_FAILED and "cgroup attach /nonexistent/cgroup.procs" in report
+    code, report, out = _launch([], b"")
+    assert code == launcher.EXIT_LAUNCHER_FAILED and report == "+" and out == b""
+    code, report, out = _launch([], launcher.message(["/bin/echo", "ran"], [], None))
+    assert code == 0 and report == "+" and out == b"ran\n"
+    code, report, _ = _launch([], b"-x\0--\0/bin/true\0")
+    assert code == launcher.EXIT_LAUNCHER_FAILED and "unknown option -x" in report
+
+
+def test_program_exit_125_is_a_program_verdict(problem, settings):
+    r = run(problem, settings, "int main(void){ return 125; }")
+    assert r.status == "runtime_error" and "125" in r.reason
+
+
+@pytest.mark.parametrize("wrapper", ["bwrap", "unshare"])
+def test_cancelled_prepared_run_never_runs(tmp_path, wrapper):
+    """A prepared run waits fully set up; cancel() must not release it (bwrap reads EOF on its
+    block fd as "go"; the launcher, waiting itself under unshare, as "abort"), start() must.
+    The command leaves a mark in its working dir."""
+    import time
+
+    from elastic.reward.sandbox import Limits, Sandbox
+
+    sb = Sandbox(isolation=_isolation(wrapper))
+    cmd = ["/bin/sh", "-c", "echo ran > mark"]
+    dirs = []
+    for action in ("cancel", "start", "leave the with block"):
+        d = tmp_path / action.replace(" ", "-")
+        d.mkdir()
+        with sb.prepare(cmd, d, Limits(wall_s=5)) as run:
+            dirs += list(run.cg.dirs) if run.cg is not None else []
+            time.sleep(0.3)  # long enough for the wrapper to be waiting
+            if action == "cancel":
+                run.cancel()
+            elif action == "start":
+                o = run.start()
+                assert o.ok, (o.sandbox_error, o.stderr)
+        time.sleep(0.3)
+        assert (d / "mark").exists() is (action == "start"), action
+    sb.close()
+    assert dirs or sb.iso.cgroups is None or not (sb.iso.cgroups.pids or sb.iso.cgroups.memory)
+    assert wait_until(lambda: not any(p.exists() for p in dirs), 10), dirs

@@ -10,13 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from elastic.config import load_config
-from elastic.data import Cursor, build_dataset, prepare_data_plan
+from elastic.data import prepare_data_plan
 from elastic.data.chat import ChatFormat, render_prompt, render_segments, tokenize_segments
 from elastic.data.documents import read_shard
-from elastic.data.pipeline import configure_data_context
 from elastic.data.tokenizer import from_json
 from elastic.launch.pretrain import run_pretraining
-from tests.helpers import read_jsonl
+from tests.helpers import open_store, read_jsonl, whole_epoch
 from tests.test_resume import _ledger_by_step
 
 PROMPT = "Add the two numbers in the input and print the sum."
@@ -74,7 +73,6 @@ def test_chat_template_turns_are_found_by_rendering():
 
 
 def test_pipeline_masks_prompts_and_counts_bad_rows(ray_local, tmp_path):
-    configure_data_context()
     bad = ["{not json", json.dumps({"prompt": "only a prompt"}), json.dumps({"messages": [{"role": "user", "content": "x"}]}),
            json.dumps({"messages": "nope"})]
     src = _write(tmp_path / "data", _rows(), bad)
@@ -89,11 +87,13 @@ def test_pipeline_masks_prompts_and_counts_bad_rows(ray_local, tmp_path):
     assert len(docs) == 41 and bad_rows.counts == {"bad_json": 1, "bad_conversation": 4}, bad_rows.counts
     assert any("sft.jsonl:44" in e for e in bad_rows.examples)  # file and line of the bad row
     tok = from_json(plan.tokenizer.json)
-    rows = build_dataset(plan, Cursor(), 1).take_all()
+    _, stream = open_store(plan, tmp_path / "cache")
+    epoch = whole_epoch(stream)
+    rows = [{k: epoch[k][i] for k in epoch} for i in range(len(epoch["tokens"]))]
     assert rows
     learned_text = []
     for r in rows:
-        tokens, labels = np.asarray(r["tokens"]), np.asarray(r["labels"])
+        labels = np.asarray(r["labels"])
         targets = labels[labels != -100]
         learned_text.append(tok.decode(targets.tolist(), skip_special_tokens=False))
     text = "".join(learned_text)

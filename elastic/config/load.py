@@ -190,6 +190,8 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(d.vocab_size >= 260, "data.vocab_size", f"must be >= 260 (256 bytes + specials), got {d.vocab_size}")
     _check(d.shard_mb > 0, "data.shard_mb", f"must be > 0, got {d.shard_mb}")
     _check(d.tokenize_cpus > 0, "data.tokenize_cpus", f"must be > 0, got {d.tokenize_cpus}")
+    _check(d.build_ahead >= 0, "data.build_ahead", f"must be >= 0, got {d.build_ahead}")
+    _check(d.prefetch_steps >= 0, "data.prefetch_steps", f"must be >= 0, got {d.prefetch_steps}")
     _check(m.preset in PRESETS, "model.preset", f"unknown preset {m.preset!r} (known: {', '.join(PRESETS)})")
     _check(m.attention in ATTENTION_BACKENDS, "model.attention", f"must be one of {'|'.join(ATTENTION_BACKENDS)}, got {m.attention!r}")
     dims = resolved_model_dims(cfg)
@@ -254,6 +256,10 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(r.max_in_flight_per_actor >= 1, "reward.max_in_flight_per_actor", f"must be >= 1, got {r.max_in_flight_per_actor}")
     _check(r.item_deadline_s > 0, "reward.item_deadline_s", f"must be > 0, got {r.item_deadline_s}")
     _check(r.max_retries >= 0, "reward.max_retries", f"must be >= 0, got {r.max_retries}")
+    _check(r.dedup_window >= 0, "reward.dedup_window", f"must be >= 0 (0 disables), got {r.dedup_window}")
+    _check(r.unavailable_after_s > r.item_deadline_s, "reward.unavailable_after_s",
+           f"must be > reward.item_deadline_s={r.item_deadline_s} (a healthy actor finishes or is replaced "
+           f"within the item deadline), got {r.unavailable_after_s}")
     _check(r.timing_runs >= 1, "reward.timing_runs", f"must be >= 1, got {r.timing_runs}")
     _check(r.warmup_runs >= 0, "reward.warmup_runs", f"must be >= 0, got {r.warmup_runs}")
     _check(0 <= r.reward_floor < 1, "reward.reward_floor", f"must be in [0, 1), got {r.reward_floor}")

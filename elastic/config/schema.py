@@ -49,8 +49,15 @@ class DataSection:
     # Shuffle the order of shards each epoch, and of samples within each shard (deterministic
     # in run.seed, the epoch and the shard).
     shuffle: bool = True
-    # CPUs reserved by each tokenize+pack Ray Data task.
+    # CPUs reserved by each tokenize+pack Ray task (the store builder runs one per shard, once
+    # per run; the packed samples are cached under <run dir>/cache/).
     tokenize_cpus: float = 1.0
+    # Shards tokenized ahead of the train workers' position (a bounded window: the cache never
+    # has to hold the corpus before training starts). It also caps concurrent tokenize tasks at
+    # build_ahead + 1: raise it when the trainers consume shards faster than one task builds one.
+    build_ahead: int = 2
+    # Global batches each train worker reads ahead of the one it trains on.
+    prefetch_steps: int = 2
     # How many malformed rows are reported verbatim (all are counted).
     report_bad_rows: int = 5
     # Append the global sample ids trained on, per step and worker, to <run dir>/ledger.jsonl.
@@ -214,6 +221,12 @@ class RewardSection:
     max_in_flight_per_actor: int = 2
     item_deadline_s: float = 120.0
     max_retries: int = 2
+    # Identical programs (same problem, language and extracted source) among the last
+    # `dedup_window` distinct ones are evaluated once; 0 evaluates every submission.
+    dedup_window: int = 1024
+    # The pool is declared gone (callers get an error, the run stops) when work has waited this
+    # long with no evaluation completing (every actor dying, none placeable). > item_deadline_s.
+    unavailable_after_s: float = 300.0
     # wall | instructions (perf stat where the kernel counts, else valgrind callgrind).
     timing: str = "wall"
     # Wall mode: timed runs (median taken) after `warmup_runs` untimed ones.

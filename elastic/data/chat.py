@@ -128,11 +128,18 @@ def render_segments(messages: Sequence[Dict[str, str]], fmt: ChatFormat) -> List
     return [s for s in segs if s[0]]
 
 
-def render_prompt(messages: Sequence[Dict[str, str]], fmt: ChatFormat) -> str:
-    """What the model sees before it answers (the assistant header included)."""
+def prompt_segments(messages: Sequence[Dict[str, str]], fmt: ChatFormat) -> List[Segment]:
+    """What the model sees before it answers (the assistant header included), cut into the
+    same segments SFT tokenized (segments are tokenized separately, so a prompt tokenized as
+    one string would not be the token sequence the policy was fine-tuned on)."""
     if fmt.chat_template is None:
-        return "".join(_builtin_header(m["role"]) + m["content"] + "\n" for m in messages) + _builtin_header("assistant")
-    return _render(fmt, messages, add_generation_prompt=True)
+        return [(_builtin_header(m["role"]) + m["content"] + "\n", False) for m in messages] + [(_builtin_header("assistant"), False)]
+    return [(_render(fmt, messages, add_generation_prompt=True), False)]
+
+
+def render_prompt(messages: Sequence[Dict[str, str]], fmt: ChatFormat) -> str:
+    """The prompt as text (the concatenation of `prompt_segments`)."""
+    return "".join(t for t, _ in prompt_segments(messages, fmt))
 
 
 def plain_text(messages: Sequence[Dict[str, str]]) -> str:

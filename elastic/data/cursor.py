@@ -2,9 +2,10 @@
 
 The stream is: for epoch 0, 1, ...: the shards in that epoch's order (a seeded permutation),
 each shard's packed samples in order. A position is (epoch, index into the epoch's shard
-order, sample offset inside that shard's seeded sample order). Seeking to a position skips whole shards without
-reading them and drops at most one shard's leading samples, so resuming costs the same
-however much data was consumed.
+order, sample offset inside that shard's seeded sample order). Seeking to a position looks at
+no earlier shard and reads no sample before it (the shard cache is read by sample index), so
+resuming costs the same however much data was consumed. Walking positions forward is
+elastic/data/reader.py's `SampleStream.walk`.
 """
 
 from __future__ import annotations
@@ -41,14 +42,6 @@ class Cursor:
 
     def key(self) -> tuple:
         return (self.epoch, self.shard_pos, self.offset)
-
-    def after(self, epoch: int, shard_pos: int, offset: int, shard_samples: int, num_shards: int, consumed: int) -> "Cursor":
-        """The position just after the sample at (epoch, shard_pos, offset)."""
-        if offset + 1 < shard_samples:
-            return Cursor(epoch, shard_pos, offset + 1, consumed)
-        if shard_pos + 1 < num_shards:
-            return Cursor(epoch, shard_pos + 1, 0, consumed)
-        return Cursor(epoch + 1, 0, 0, consumed)
 
 
 def shard_order(num_shards: int, epoch: int, seed: int, shuffle: bool) -> np.ndarray:

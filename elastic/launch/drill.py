@@ -8,8 +8,9 @@ Schedule (driven by the run's own progress in metrics.jsonl):
   4. `gap` steps later, a train worker gets SIGKILL      → failure, 1 → 1
   5. the run finishes; a fixed-size run of the same config runs for comparison.
 Reported: restarts (cause, world sizes, recovery seconds, steps redone), goodput, the ledger
-check (every sample of the consumed range trained on exactly once) and the largest per-step
-loss difference from the fixed-size run.
+check (every sample of the consumed range trained on exactly once), the shard cache's own build
+records (every shard tokenized once in the whole run, whatever restarted) and the largest
+per-step loss difference from the fixed-size run.
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ def run_drill(out_dir: str, steps: int = 40, add_after: int = 4, gap: int = 3, t
         drill_wall = time.time() - t0
         acc = analyze(job.dir)
         led = ledger_lib.check(os.path.join(job.dir, "ledger.jsonl"), 8, steps)
-        result: Dict = {"exit_code": rc, "wall_s": drill_wall, "injected": injected, "recovery": acc, "ledger": led}
+        result: Dict = {"exit_code": rc, "wall_s": drill_wall, "injected": injected, "recovery": acc, "ledger": led,
+                        "cache": cache_check(os.path.join(job.dir, "cache"))}
         if baseline:
             base = Job(cluster, storage, "fixed", drill_overrides(storage, "fixed", steps, 1, 1), os.path.join(out_dir, "fixed.log"))
             result["baseline_exit_code"] = base.finish(timeout)
@@ -136,6 +138,16 @@ def run_drill(out_dir: str, steps: int = 40, add_after: int = 4, gap: int = 3, t
         cluster.stop()
 
 
+def cache_check(cache_root: str) -> Dict:
+    """Tokenized once: every cached shard has exactly one committed build in the cache's records."""
+    from elastic.data.store import build_summary
+
+    per_key = build_summary(cache_root)
+    return {"ok": bool(per_key) and all(v["max_builds_per_shard"] == 1 for v in per_key.values()),
+            "shards": sum(v["shards"] for v in per_key.values()), "builds": sum(v["builds"] for v in per_key.values()),
+            "tokenize_cpu_s": sum(v["cpu_s"] for v in per_key.values()), "per_key": per_key}
+
+
 def print_report(r: Dict) -> None:
     print(f"drill exit code {r['exit_code']}, wall {r['wall_s']:.0f}s")
     print(format_table(r["recovery"]))
@@ -143,6 +155,10 @@ def print_report(r: Dict) -> None:
     print(f"ledger: {'OK' if led['ok'] else 'FAILED'} — {led['samples']} samples, {led['unique']} unique, "
           f"duplicates {led['duplicates']}, missing steps {led['steps_missing']}, wrong-size steps "
           f"{led['steps_with_wrong_batch']}, world sizes {led['world_sizes']}")
+    c = r.get("cache")
+    if c:
+        print(f"cache: {'OK' if c['ok'] else 'FAILED'} — {c['shards']} shards, {c['builds']} builds "
+              f"(tokenized once each: {c['ok']}), {c['tokenize_cpu_s']:.1f} tokenize CPU-s")
     lc = r.get("loss_compare")
     if lc:
         print(f"vs fixed world size: {lc['steps_compared']} steps, max |Δloss| {lc['max_abs_diff']:.2e} at step {lc['at_step']} "

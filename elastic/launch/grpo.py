@@ -67,9 +67,14 @@ class GRPOLaunch(JobLaunch):
     def trainer(self, cfg: Config, paths: RunPaths, gpu: bool):
         from elastic.rl.grpo import grpo_loop_per_worker
 
+        from elastic.data.code_opt import prompt_text
+
+        ids = list(self.split.train) + list(self.split.heldout)
         return build_torch_trainer(cfg, paths, gpu, grpo_loop_per_worker,
                                    {"tokenizer_json": self.tok.json, "chat_format": self.chat, "eos_id": self.tok.eos_id,
-                                    "reward_service": reward_service_name(cfg)})
+                                    "reward_service": reward_service_name(cfg),
+                                    "prompt_texts": {p: prompt_text(os.path.join(cfg.rl.problems, p)) for p in ids},
+                                    "train_ids": list(self.split.train), "heldout_ids": list(self.split.heldout)})
 
     def stop(self) -> None:
         if self.service is not None:

@@ -21,7 +21,7 @@ from typing import Optional, TextIO
 
 from elastic.config import Config, run_dir as run_dir_of, to_dict
 from elastic.data.cursor import Cursor
-from elastic.data.pipeline import DataPlan, DatasetFactory, configure_data_context
+from elastic.data.pipeline import DataPlan
 from elastic.launch.cluster import connect, resolve_cluster, wait_for_resources
 from elastic.launch.data_plans import JobData, plan_job_data
 from elastic.launch.lease import RunLease
@@ -31,23 +31,31 @@ from elastic.train import checkpoint as ckpt_lib
 
 @dataclass
 class RunPaths:
-    run_dir: str    # checkpoints (storage_path/name; local path or URI)
-    local_dir: str  # metrics.jsonl, events.jsonl, ledger.jsonl, tokenizer.json, wandb
+    run_dir: str      # checkpoints, shard cache (storage_path/name; local path or URI)
+    local_dir: str    # tokenizer.json, config.json, summary.json, report, wandb (this machine)
+    records_dir: str  # metrics.jsonl, events.jsonl, ledger.jsonl: the run dir, also when it is a URI
 
 
 def run_paths(cfg: Config) -> RunPaths:
     rd = run_dir_of(cfg)
     local = rd if "://" not in rd else os.path.join(tempfile.gettempdir(), "elastic-runs", cfg.run.name)
-    return RunPaths(rd, local)
+    return RunPaths(rd, local, rd)
 
 
 def plan_data(cfg: Config, paths: RunPaths, kind: str = "pretrain") -> JobData:
     return plan_job_data(cfg, paths.local_dir, kind)
 
 
+def cache_root(paths: RunPaths) -> str:
+    """The shard cache lives with the run (local path or URI), so reruns, restarts and resizes
+    of the run reuse it."""
+    return f"{paths.run_dir.rstrip('/')}/cache"
+
+
 @dataclass
 class CheckpointCursor:
-    """Data position of the newest complete checkpoint in the run dir (start of stream if none)."""
+    """Data position of the newest complete checkpoint in the run dir (start of stream if none):
+    where the store builder starts tokenizing before the workers ask."""
 
     run_dir: str
 
@@ -122,31 +130,41 @@ def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_c
         loop_config = {**loop_config, "lora_base": lora_base_record(cfg)}
     return TorchTrainer(
         loop_fn,
-        train_loop_config={"cfg": to_dict(cfg), "run_dir": paths.run_dir, "local_dir": paths.local_dir, "use_gpu": gpu,
+        train_loop_config={"cfg": to_dict(cfg), "run_dir": paths.run_dir, "local_dir": paths.local_dir,
+                           "records_dir": paths.records_dir, "use_gpu": gpu,
                            **loop_config},
         scaling_config=ScalingConfig(**scaling_kwargs),
         run_config=RunConfig(name=cfg.run.name, storage_path=storage,
                              checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
                              failure_config=FailureConfig(max_failures=s.max_failures),
-                             callbacks=[RecoveryEventsCallback(os.path.join(paths.local_dir, "events.jsonl"))]),
+                             callbacks=[RecoveryEventsCallback(os.path.join(paths.records_dir, "events.jsonl"))]),
         **trainer_kwargs,
     )
 
 
-def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool, eval_plan: Optional[DataPlan] = None):
-    """Language-modelling jobs: the packed-sample stream is a Ray Train dataset."""
-    from ray.train import DataConfig
+def start_store(cfg: Config, plan: DataPlan, paths: RunPaths, eval_plan: Optional[DataPlan] = None):
+    """The run's store builder (elastic/data/builder.py), already tokenizing from the latest
+    checkpoint's position while the worker group starts. ELASTIC_FAULT_* variables of the
+    driver reach its build tasks (fault injection in tests)."""
+    from elastic.data.builder import start_builder
 
+    plans = {"train": plan, **({"eval": eval_plan} if eval_plan is not None else {})}
+    faults = {k: v for k, v in os.environ.items() if k.startswith("ELASTIC_FAULT_")}
+    store = start_builder(plans, cache_root(paths), cfg.data.build_ahead, task_env=faults)
+    cur = CheckpointCursor(paths.run_dir)()
+    store.ahead.remote("train", cur.epoch, cur.shard_pos)
+    return store
+
+
+def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool, eval_plan: Optional[DataPlan] = None,
+                  store=None):
+    """Language-modelling jobs: workers read their samples from the shard cache through the
+    store builder's handle; no Ray Data stream reaches them (each would re-tokenize everything)."""
     from elastic.train.loop import train_loop_per_worker
 
-    factory = DatasetFactory(plan=plan, cursor_fn=CheckpointCursor(paths.run_dir), samples_total=cfg.train.steps * cfg.train.global_batch_size)
-    return build_torch_trainer(
-        cfg, paths, gpu, train_loop_per_worker, {"plan": plan, "eval_plan": eval_plan},
-        datasets={"train": factory},
-        # Every worker streams the whole (deterministic) sequence and takes its slice of each
-        # global batch: the data order never depends on the world size or block scheduling.
-        dataset_config=DataConfig(datasets_to_split=[]),
-    )
+    store = store if store is not None else start_store(cfg, plan, paths, eval_plan)
+    return build_torch_trainer(cfg, paths, gpu, train_loop_per_worker,
+                               {"plan": plan, "eval_plan": eval_plan, "store": store, "cache_root": cache_root(paths)})
 
 
 @dataclass
@@ -158,6 +176,7 @@ class PretrainResult:
     summary: dict
     ray_logs: str = ""
     stopped: Optional[str] = None  # the stability guard's one-line reason, when the run stopped itself
+    records_dir: str = ""  # metrics/events/ledger (the run dir, local or URI)
 
 
 def ray_logs_dir() -> str:
@@ -170,10 +189,10 @@ def ray_logs_dir() -> str:
         return "the Ray session's logs/ directory on the head node"
 
 
-def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str]) -> dict:
+def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str], report: Optional[dict] = None) -> dict:
     from elastic.records import METRICS, read_records
 
-    mpath = os.path.join(paths.local_dir, METRICS)
+    mpath = os.path.join(paths.records_dir, METRICS)
     recs = [r for r in read_records(mpath) if "step" in r]
     s = {"wall_s": round(wall_s, 1), "checkpoint": checkpoint, "metrics": mpath, "steps_logged": len(recs)}
     if recs:
@@ -181,13 +200,21 @@ def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str]) -> dict
                  tokens=sum(r["tokens"] for r in recs),
                  tokens_per_s=sum(r["tokens"] for r in recs) / max(1e-9, sum(r["step_s"] for r in recs)),
                  mean_mfu=sum(r["mfu"] for r in recs) / len(recs), bad_rows=recs[-1].get("bad_rows", 0))
+        rl = [r for r in recs if "reward_mean" in r]
+        if rl:  # GRPO: reward and pass rate, first vs last steps
+            w = max(1, min(5, len(rl) // 3))
+            mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
+            s["reward"] = {"window": w, "first": mean(rl[:w], "reward_mean"), "last": mean(rl[-w:], "reward_mean"),
+                           "first_pass": mean(rl[:w], "pass_rate"), "last_pass": mean(rl[-w:], "pass_rate")}
     found = ckpt_lib.latest_complete(paths.run_dir)
     if found and found[1].get("bad_rows", {}).get("counts"):  # counts and first examples, with file and line
         s["bad_rows_detail"] = found[1]["bad_rows"]
     from elastic.launch.recovery import analyze
 
-    acc = analyze(paths.local_dir)
+    acc = analyze(paths.records_dir)
     s.update(restarts=acc["restarts"], goodput=acc["goodput"])
+    if report:
+        s.update(report)
     with open(os.path.join(paths.local_dir, "summary.json"), "w") as f:
         json.dump(s, f, indent=2)
     return s
@@ -234,10 +261,10 @@ class LMLaunch(JobLaunch):
                 f"tokenizer vocab {p.tokenizer.vocab_size} ({p.tokenizer.bytes_per_token:.2f} bytes/token)"]
 
     def start(self, cfg: Config, paths: RunPaths) -> None:
-        configure_data_context()  # captured by the trainer and propagated to its workers
+        self.store = start_store(cfg, self.data.train, paths, self.data.eval)
 
     def trainer(self, cfg: Config, paths: RunPaths, gpu: bool):
-        return build_trainer(cfg, self.data.train, paths, gpu, self.data.eval)
+        return build_trainer(cfg, self.data.train, paths, gpu, self.data.eval, self.store)
 
 
 def run_job(cfg: Config, launch: JobLaunch, out: Optional[TextIO] = None, progress: bool = True) -> PretrainResult:
@@ -284,7 +311,8 @@ def run_job(cfg: Config, launch: JobLaunch, out: Optional[TextIO] = None, progre
         try:
             launch.start(cfg, paths)
             trainer = launch.trainer(cfg, paths, gpu)
-            follow = Progress(paths.local_dir, cfg.train.steps, cfg.train.until_step or cfg.train.steps, stream=out)
+            # (the progress line follows a local metrics file; records on object stores have none)
+            follow = Progress(paths.records_dir if "://" not in paths.records_dir else paths.local_dir, cfg.train.steps, cfg.train.until_step or cfg.train.steps, stream=out)
             if progress:
                 follow.start()
             try:
@@ -292,6 +320,7 @@ def run_job(cfg: Config, launch: JobLaunch, out: Optional[TextIO] = None, progre
             finally:
                 if progress:
                     follow.stop()
+                report = write_run_report(paths, say)  # also for a run that failed: it says where
         finally:
             launch.stop()
         ckpt = result.checkpoint.path if result.checkpoint is not None else None
@@ -300,9 +329,23 @@ def run_job(cfg: Config, launch: JobLaunch, out: Optional[TextIO] = None, progre
         wall = time.time() - t0
         from elastic.records import EVENTS, read_records
 
-        stops = [e for e in read_records(os.path.join(paths.local_dir, EVENTS)) if e.get("event") == "stop" and e["time"] >= t0]
-        return PretrainResult(paths.run_dir, paths.local_dir, wall, ckpt, summarize(paths, wall, ckpt), ray_logs_dir(),
-                              stopped=stops[-1]["reason"] if stops else None)
+        stops = [e for e in read_records(os.path.join(paths.records_dir, EVENTS)) if e.get("event") == "stop" and e["time"] >= t0]
+        summary = summarize(paths, wall, ckpt, report)
+        return PretrainResult(paths.run_dir, paths.local_dir, wall, ckpt, summary, ray_logs_dir(),
+                              stopped=stops[-1]["reason"] if stops else None, records_dir=paths.records_dir)
+
+
+def write_run_report(paths: RunPaths, say) -> Optional[dict]:
+    """report.md, plots and the named bottleneck (elastic/report); never fails the run."""
+    try:
+        from elastic.report import build_report
+
+        path, _, diag = build_report(paths.local_dir, records_dir=paths.records_dir)
+    except Exception as e:  # a report must never take a finished run down
+        say(f"[elastic] report: not written ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})")
+        return None
+    say(f"[elastic] bottleneck: {diag.name}: {diag.evidence} Lever: {diag.lever}.")
+    return {"report": path, "bottleneck": diag.name, "evidence": diag.evidence, "lever": diag.lever}
 
 
 def run_pretraining(cfg: Config, kind: str = "pretrain", out: Optional[TextIO] = None, progress: bool = True) -> PretrainResult:

@@ -36,12 +36,14 @@ def write_report(run_dir: str, out_dir: Optional[str] = None, now: Optional[floa
     return build_report(run_dir, out_dir, now)[0]
 
 
-def build_report(run_dir: str, out_dir: Optional[str] = None, now: Optional[float] = None) -> Tuple[str, RunData, Diagnosis]:
-    """write_report, also returning the loaded run and its diagnosis (for the console)."""
+def build_report(run_dir: str, out_dir: Optional[str] = None, now: Optional[float] = None,
+                 records_dir: Optional[str] = None) -> Tuple[str, RunData, Diagnosis]:
+    """write_report, also returning the loaded run and its diagnosis (for the console).
+    `records_dir`: metrics/events when they are not in `run_dir` (a remote run directory)."""
     from elastic.report.plots import write_plots
     from elastic.report.render import render_markdown
 
-    run = load_run(run_dir, now=now)
+    run = load_run(run_dir, now=now, records_dir=records_dir)
     out_dir = out_dir or run_dir
     os.makedirs(out_dir, exist_ok=True)
     diag = diagnose_run(run)

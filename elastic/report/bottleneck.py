@@ -12,6 +12,9 @@ reaches its threshold:
   communication  Σ comm_s / Σ step_s over the profiled steps (comm_s is exposed
                  communication, measured on sampled steps only)            ≥ 20%
   checkpoint     Σ checkpoint_s / Σ step_s                                 ≥ 5%
+  sync           Σ sync_s / Σ step_s: time at the step's small collectives
+                 (loss normaliser, step statistics) waiting for the slowest
+                 rank (a straggler, or another rank's input)                ≥ 10%
   generation     Σ generate_s / Σ step_s (GRPO)                            ≥ 50%
   reward_wait    Σ reward_wait_s / Σ step_s (GRPO)                         ≥ 15%
   restarts       1 − goodput (recovery accounting), when the run restarted ≥ 5% (goodput < 95%)
@@ -55,6 +58,7 @@ THRESHOLDS: Dict[str, float] = {
     "input": 0.10,
     "communication": 0.20,
     "checkpoint": 0.05,
+    "sync": 0.10,
     "generation": 0.50,
     "reward_wait": 0.15,
     "restarts": 0.05,
@@ -65,10 +69,11 @@ THRESHOLDS: Dict[str, float] = {
 INSTABILITY_MIN_STEPS = 2
 GPU_LOW_MFU = 0.30
 # Classes that cost time; their scores are shares of the run's time and compete directly.
-TIME_CLASSES = ("input", "communication", "checkpoint", "generation", "reward_wait", "restarts", "overhead", "instability")
+TIME_CLASSES = ("input", "communication", "checkpoint", "sync", "generation", "reward_wait", "restarts", "overhead", "instability")
 # Per-step time fields (`<key>_s` in metrics.jsonl) and their labels.
 BREAKDOWN_KEYS = (("data_wait", "data wait"), ("forward", "forward (incl. exposed comm)"),
                   ("backward", "backward (incl. exposed comm)"), ("optimizer", "optimizer"), ("checkpoint", "checkpoint"),
+                  ("sync", "waiting for other ranks"), ("eval", "held-out evaluation"), ("profile", "profiler overhead"),
                   ("comm", "exposed comm (profiled steps)"), ("generate", "generate"), ("reward_wait", "reward wait"),
                   ("logprob", "log-probs"), ("update", "update"))
 STOP_INSTABILITY = re.compile(r"bad|nan|non-?finite|diverg|spike|inf\b", re.I)
@@ -167,7 +172,8 @@ def time_figures(recs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
         f[f"{k}_share"] = _share(recs, f"{k}_s")
     f["comm_sampled_steps"] = sum(1 for r in recs if _num(r.get("comm_s")))
     grpo = f["generate_share"] is not None
-    parts = ("generate", "reward_wait", "logprob", "update", "checkpoint") if grpo else ("data_wait", "forward", "backward", "optimizer", "checkpoint")
+    parts = (("generate", "reward_wait", "logprob", "update", "sync", "checkpoint", "eval") if grpo
+             else ("data_wait", "forward", "backward", "optimizer", "sync", "checkpoint", "eval", "profile"))
     known = [f[f"{p}_share"] for p in parts if f[f"{p}_share"] is not None]
     f["other_share"] = max(0.0, 1.0 - sum(known)) if len(known) > 1 else None
     if grpo:
@@ -337,6 +343,13 @@ def diagnose(metrics: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]]
         found.append(Finding("communication", s, THRESHOLDS["communication"],
                              f"exposed communication took {_pct(s)} of step time on the {tf['comm_sampled_steps']} "
                              "profiled steps.", lever))
+    s = tf["sync_share"]
+    if s is not None and s >= THRESHOLDS["sync"]:
+        found.append(Finding("sync", s, THRESHOLDS["sync"],
+                             f"ranks waited for the slowest rank {_pct(s)} of step time "
+                             f"({_mean(steady, 'sync_s'):.3g} s per step at the step's collectives).",
+                             "find the slow rank (slowest_rank_step_s; events.jsonl names each worker's node): a busy "
+                             "or slower node, or uneven work per rank; on a shared machine, fewer workers than cores"))
     s = tf["checkpoint_share"]
     if s is not None and s >= THRESHOLDS["checkpoint"]:
         found.append(Finding("checkpoint", s, THRESHOLDS["checkpoint"],

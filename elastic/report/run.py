@@ -126,21 +126,23 @@ def _read_json(path: str, notes: List[str]) -> Optional[Dict[str, Any]]:
         return None
 
 
-def load_run(run_dir: str, now: Optional[float] = None) -> RunData:
-    """Read a run directory. Raises FileNotFoundError only when the directory does not exist."""
+def load_run(run_dir: str, now: Optional[float] = None, records_dir: Optional[str] = None) -> RunData:
+    """Read a run directory. Raises FileNotFoundError only when the directory does not exist.
+    `records_dir`: where metrics/events live when not beside config.json (a remote run dir URI)."""
     if not os.path.isdir(run_dir):
         raise FileNotFoundError(f"run directory {run_dir!r} does not exist")
     notes: List[str] = []
     config = _read_json(os.path.join(run_dir, CONFIG), notes) or {}
-    metrics = [r for r in read_records(os.path.join(run_dir, METRICS)) if _num(r.get("step"))]
-    events = [e for e in read_records(os.path.join(run_dir, EVENTS)) if "event" in e]
+    rec = records_dir or run_dir
+    metrics = [r for r in read_records(os.path.join(rec, METRICS)) if _num(r.get("step"))]
+    events = [e for e in read_records(os.path.join(rec, EVENTS)) if "event" in e]
     summary = _read_json(os.path.join(run_dir, SUMMARY), notes)
     recovery = None
     if metrics or events:
         try:
             from elastic.launch.recovery import analyze
 
-            recovery = analyze(run_dir)
+            recovery = analyze(rec)
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
             notes.append(f"recovery accounting unavailable ({type(e).__name__}: {e})")
     run = RunData(run_dir, config, metrics, events, summary, recovery, Status("not started", ""), notes)

@@ -1,7 +1,8 @@
 """Reward service: sandboxed compile/test/benchmark of untrusted C/C++ programs.
 
 Knows nothing of models or the trainer. Entry points: :func:`evaluate` (one program),
-:class:`RewardPool` (a Ray actor pool), ``python -m elastic.reward`` (the CLI).
+:class:`RewardPool` (a Ray actor pool), :func:`start_service` / :func:`connect` (the run's one
+shared reward service, a named actor owning the pool), ``python -m elastic.reward`` (the CLI).
 """
 
 from elastic.reward.evaluator import evaluate, evaluate_completion
@@ -12,12 +13,19 @@ from elastic.reward.scoring import speedup_reward
 from elastic.reward.settings import EvalSettings
 
 
+_LAZY = {"RewardPool": "pool", "RewardUnavailable": "pool", "RewardClient": "service",
+         "RewardServiceError": "service", "start_service": "service", "connect": "service"}
+
+
 def __getattr__(name: str):
-    if name == "RewardPool":  # imports ray only when the pool is used
-        from elastic.reward.pool import RewardPool
-        return RewardPool
+    if name in _LAZY:  # imports ray only when the pool or the service is used
+        import importlib
+
+        return getattr(importlib.import_module(f"elastic.reward.{_LAZY[name]}"), name)
     raise AttributeError(name)
 
 
-__all__ = ["STATUSES", "EvalSettings", "Problem", "ProblemError", "Result", "RewardPool", "TestResult", "Timing",
-           "evaluate", "evaluate_completion", "extract_code", "load_problem", "load_problems", "speedup_reward"]
+__all__ = ["STATUSES", "EvalSettings", "Problem", "ProblemError", "Result", "RewardClient", "RewardPool",
+           "RewardServiceError", "RewardUnavailable", "TestResult", "Timing", "connect", "evaluate",
+           "evaluate_completion", "extract_code", "load_problem", "load_problems", "speedup_reward",
+           "start_service"]

@@ -1,8 +1,9 @@
 """``python -m elastic.reward --problem DIR --program FILE [--timing wall|instructions] [--json]``
 
-Evaluates one program with exactly the code path a pool actor uses (evaluate_completion on
-a fenced block built from the file, language from the file extension). Exit code 0 when an
-evaluation happened (whatever its status), 2 on bad arguments or a malformed problem.
+Evaluates one program with the pool's code path (evaluate_completion: the pool's extract_code,
+then the evaluate a pool actor runs) on a fenced block built from the file, language from the
+file extension. Exit code 0 when an evaluation happened (whatever its status), 2 on bad
+arguments or a malformed problem.
 """
 
 from __future__ import annotations

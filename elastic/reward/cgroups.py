@@ -17,7 +17,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set
 
 ROOT = Path("/sys/fs/cgroup")
 
@@ -86,8 +86,13 @@ class RunCgroup:
         return pids
 
     def kill_all(self, timeout_s: float = 5.0) -> None:
-        """SIGKILL everything left in the cgroup until it is empty (fork races included)."""
+        """SIGKILL everything left in the cgroup until it is empty (fork races included).
+
+        Polls from 0.5 ms up to 20 ms: the common leftover is a process already exiting
+        (bwrap's init after its monitor reported), gone within a millisecond.
+        """
         deadline = time.monotonic() + timeout_s
+        pause = 0.0005
         while time.monotonic() < deadline:
             pids = self._pids()
             if not pids:
@@ -97,7 +102,8 @@ class RunCgroup:
                     os.kill(p, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-            time.sleep(0.01)
+            time.sleep(pause)
+            pause = min(pause * 2, 0.02)
 
     def stats(self) -> CgroupStats:
         s = CgroupStats()
@@ -130,6 +136,48 @@ class RunCgroup:
             except (OSError, ValueError):
                 pass
         return s
+
+    def set_limits(self, pids_max: int, memory_bytes: int) -> None:
+        """(Re)write the limits: pids.max, and memory (plus swap, where accounted) in an order
+        the kernel accepts whether they grow or shrink (v1 wants memory <= memory+swap)."""
+        if self.pids_dir is not None:
+            _write(self.pids_dir / "pids.max", str(pids_max))
+        d = self.memory_dir
+        if d is None:
+            return
+        if self.version == 2:
+            _write(d / "memory.max", str(memory_bytes))
+            return
+        mem, memsw = d / "memory.limit_in_bytes", d / "memory.memsw.limit_in_bytes"
+        try:
+            _write(mem, str(memory_bytes))
+        except OSError:  # growing above the current memory+swap limit: raise that first
+            _write(memsw, str(memory_bytes))
+            _write(mem, str(memory_bytes))
+        try:
+            _write(memsw, str(memory_bytes))
+        except OSError:  # swap not accounted here
+            pass
+
+    def try_remove(self) -> bool:
+        """One non-blocking attempt: SIGKILL what is left, rmdir if empty; True when gone."""
+        pids = self._pids()
+        for p in pids:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if pids:
+            return False
+        for d in list(self.dirs):
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                return False
+            self.dirs.remove(d)
+        return True
 
     def remove(self) -> None:
         self.kill_all()
@@ -187,17 +235,18 @@ class CgroupFactory:
             except OSError:
                 pass
 
-    def sweep_stale(self) -> int:
-        """Remove run cgroups left by a process that died mid-run (e.g. a killed pool actor)."""
-        n = 0
+    def sweep_stale(self) -> Set[str]:
+        """Remove run cgroups left by a process that died mid-run (e.g. a killed pool actor);
+        returns the owners of run cgroups that are still alive."""
+        alive: Set[str] = set()
         for parent in {p for p in (self.pids_parent, self.memory_parent) if p is not None}:
             for d in parent.glob("elastic-sbx-*"):
-                if _pid_alive(d.name.split("-")[2]):
+                owner = d.name.split("-")[2]
+                if _pid_alive(owner):
+                    alive.add(owner)
                     continue
-                rc = RunCgroup(version=self.version, dirs=[d])
-                rc.remove()
-                n += 1
-        return n
+                RunCgroup(version=self.version, dirs=[d]).remove()
+        return alive
 
     @property
     def pids(self) -> bool:

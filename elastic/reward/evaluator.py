@@ -26,12 +26,13 @@ from typing import Optional
 from elastic.reward.checkers import check
 from elastic.reward.extract import extract_code
 from elastic.reward.problems import Problem
-from elastic.reward.programs import classify, compile_limits, compiled, run_binary, run_limits
+from elastic.reward.programs import (RunQueue, classify, compile_limits, compiled, finish_compile, run_limits,
+                                     start_compile)
 from elastic.reward.result import Result, TestResult, Timing
 from elastic.reward.sandbox import Sandbox
 from elastic.reward.scoring import speedup_reward
 from elastic.reward.settings import EvalSettings
-from elastic.reward.timing import ReferenceError_, bench_input, measure, reference_timing
+from elastic.reward.timing import ReferenceError_, bench_input, bench_runs, measure, reference_timing
 
 log = logging.getLogger("elastic.reward")
 
@@ -45,15 +46,21 @@ def default_sandbox(env_allow=()) -> Sandbox:
     return _SANDBOXES[key]
 
 
+def no_code_result(problem_id: str, settings: EvalSettings) -> Result:
+    """A completion with no C/C++ block: a verdict on the completion (nothing to run)."""
+    return Result(problem_id, "compile_error", settings.failure_reward, reason="no code block found")
+
+
 def evaluate_completion(problem: Problem, completion: str, settings: Optional[EvalSettings] = None,
                         sandbox: Optional[Sandbox] = None) -> Result:
-    """Extract the program from a model completion, then :func:`evaluate` it."""
+    """Extract the program from a model completion, then :func:`evaluate` it (the pool does
+    the same two steps, extracting on its side so identical programs are evaluated once)."""
     settings = settings or EvalSettings()
     code = extract_code(completion, problem.language)
     if code is None:
-        sb = sandbox or default_sandbox(settings.env_allow)
-        return Result(problem.id, "compile_error", settings.failure_reward, reason="no code block found",
-                      sandbox=sb.layers)
+        r = no_code_result(problem.id, settings)
+        r.sandbox = (sandbox or default_sandbox(settings.env_allow)).layers
+        return r
     lang, src = code
     return evaluate(problem, src, lang, settings, sandbox)
 
@@ -85,23 +92,34 @@ def _evaluate(problem: Problem, source: str, lang: str, settings: EvalSettings, 
     cache = Path(settings.cache_dir)
     cpu = settings.pinned_cpu()
     climits = compile_limits(settings.compile_time_limit_s, settings.compile_memory_mb)
-    with compiled(sandbox, source, lang, climits) as c:
-        cout = c.outcome.stderr.decode(errors="replace")[-4000:]
-        if not c.ok:
-            status = "sandbox_error" if c.sandbox_error else "compile_error"
-            return _fail(problem, settings, status, c.reason, compile_output=cout)
-        assert c.binary is not None
-        tests = []
-        limits = run_limits(problem.time_limit_s, problem.memory_limit_mb)
-        failed: Optional[TestResult] = None
-        with tempfile.TemporaryDirectory(prefix="elastic-io-") as io:
+    limits = run_limits(problem.time_limit_s, problem.memory_limit_mb)
+    with sandbox.scratch() as d, tempfile.TemporaryDirectory(prefix="elastic-io-") as io:
+        binary = d / "prog"
+        inputs = []
+        for i, t in enumerate(problem.tests):
+            inputs.append(Path(io) / f"{i}.in")
+            inputs[-1].write_bytes(t.input)
+        stdin = bench_input(problem, cache)
+        # The compiler starts at once (on the sandbox's spare launcher, attached long ago); every
+        # later run of the program is launched while it compiles (RunQueue), so no run waits for
+        # a cgroup attach's RCU grace period and the test sandboxes are set up meanwhile.
+        compiling = start_compile(sandbox, d, source, lang, climits)
+        with compiling, RunQueue(sandbox, binary, inputs, limits, cpu) as runs, \
+                bench_runs(sandbox, binary, stdin, settings.timing, settings.timing_runs, settings.warmup_runs,
+                           problem.bench_time_limit_s, problem.memory_limit_mb, settings.instructions_time_limit_s,
+                           cpu) as timed:
+            c = finish_compile(compiling, d)
+            cout = c.outcome.stderr.decode(errors="replace")[-4000:]
+            if not c.ok:
+                status = "sandbox_error" if c.sandbox_error else "compile_error"
+                return _fail(problem, settings, status, c.reason, compile_output=cout)
+            tests = []
+            failed: Optional[TestResult] = None
             for t in problem.tests:
                 if failed is not None:
                     tests.append(TestResult(t.name, "skipped"))
                     continue
-                inp = Path(io) / "in"
-                inp.write_bytes(t.input)
-                o = run_binary(sandbox, c.binary, inp, limits, cpu)
+                o = runs.next()
                 status, detail = classify(o, limits)
                 if status == "ok":
                     passed, why = check(problem.checker, o.stdout, t.expected)
@@ -111,23 +129,24 @@ def _evaluate(problem: Problem, source: str, lang: str, settings: EvalSettings, 
                 tests.append(tr)
                 if status != "ok":
                     failed = tr
-        if failed is not None:
-            return _fail(problem, settings, failed.status, f"test {failed.name}: {failed.detail}",
-                         tests=tests, compile_output=cout)
+            if failed is not None:
+                return _fail(problem, settings, failed.status, f"test {failed.name}: {failed.detail}",
+                             tests=tests, compile_output=cout)
+            assert c.binary is not None
 
-        @contextlib.contextmanager
-        def reference_binary():
-            with compiled(sandbox, problem.reference_source, problem.language, climits) as rc:
-                if not rc.ok:
-                    raise ReferenceError_(f"{problem.id}: reference does not compile: {rc.reason}")
-                yield rc.binary
+            @contextlib.contextmanager
+            def reference_binary():
+                with compiled(sandbox, problem.reference_source, problem.language, climits) as rc:
+                    if not rc.ok:
+                        raise ReferenceError_(f"{problem.id}: reference does not compile: {rc.reason}")
+                    yield rc.binary
 
-        ref, ref_out, cached = reference_timing(sandbox, problem, reference_binary, cache, settings.timing,
-                                                settings.timing_runs, settings.warmup_runs,
-                                                settings.instructions_time_limit_s, cpu)
-        stdin = bench_input(problem, cache)
-        m = measure(sandbox, c.binary, stdin, settings.timing, settings.timing_runs, settings.warmup_runs,
-                    problem.bench_time_limit_s, problem.memory_limit_mb, settings.instructions_time_limit_s, cpu)
+            ref, ref_out, cached = reference_timing(sandbox, problem, reference_binary, cache, settings.timing,
+                                                    settings.timing_runs, settings.warmup_runs,
+                                                    settings.instructions_time_limit_s, cpu)
+            m = measure(sandbox, c.binary, stdin, settings.timing, settings.timing_runs, settings.warmup_runs,
+                        problem.bench_time_limit_s, problem.memory_limit_mb, settings.instructions_time_limit_s, cpu,
+                        queue=timed)
         if m.failure is not None:
             return _fail(problem, settings, m.failure[0], f"benchmark input: {m.failure[1]}", tests=tests,
                          compile_output=cout)

@@ -1,16 +1,29 @@
-"""A pool of Ray actors serving evaluations, with backpressure, deadlines and retries.
+"""A pool of Ray actors serving evaluations: streaming, deduplicated, retried, bounded.
+
+One mechanism serves both callers: :meth:`RewardPool.submit` enqueues a completion and
+:meth:`RewardPool.poll` dispatches queued work to free actors and collects what finished.
+:meth:`RewardPool.evaluate_batch` is submit-all-then-poll; the shared reward service
+(:mod:`elastic.reward.service`) calls the same two methods from its threads.
 
 * Each actor reserves 1 CPU (evaluations are single-threaded and timed on one pinned core)
   plus, when ``reward.actor_resource`` is set, 0.01 of that custom resource: the resource is
   a *label* ("this node may host reward actors", e.g. ``ray start --resources
   '{"reward": 1}'``); CPUs bound how many land on a node, the label only decides where.
-* The driver keeps at most ``max_in_flight_per_actor`` items queued on each actor (bounded
-  memory, and no long tail stuck behind one slow actor).
+* At most ``max_in_flight_per_actor`` items are queued on each actor (bounded memory, and no
+  long tail stuck behind one slow actor); the rest wait in the pool's queue.
+* Dedup: the program is extracted here, and identical programs (same problem, language and
+  source) are evaluated once: a submission joins an evaluation in flight or copies a result
+  among the last ``dedup_window`` distinct programs (``Result.dedup`` marks copies). A
+  GRPO group often repeats a program verbatim. Infrastructure failures are never cached.
 * Infrastructure failures (actor/worker/node died, per-item deadline breached) are retried
-  on a new actor, up to ``max_retries`` times, then reported as ``sandbox_error``, which is
-  never a verdict on the program. A deadline breach kills and replaces the actor (the
+  on another actor, up to ``max_retries`` times, then reported as ``sandbox_error``, which
+  is never a verdict on the program. A deadline breach kills and replaces the actor (the
   sandbox already enforces the program's own time limits, so a breach means the
   infrastructure is stuck). Dead actors are replaced by new ones in the same slot.
+* Gone for good: :meth:`poll` raises :class:`RewardUnavailable` (and keeps raising) when
+  work has waited ``unavailable_after_s`` with no evaluation completing (actors that cannot
+  be placed, or that never finish), or after :attr:`RewardPool.failure_limit` consecutive
+  failed attempts with no success in between (actors that die at once, again and again).
 * Problems are shipped by value through the object store (``ray.put`` once per problem),
   so actors need no shared filesystem.
 """
@@ -18,22 +31,32 @@
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
+import hashlib
+import itertools
 import logging
 import os
+import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Deque, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import ray
 
-from elastic.reward.evaluator import default_sandbox, evaluate_completion
+from elastic.reward.evaluator import default_sandbox, evaluate, no_code_result
+from elastic.reward.extract import extract_code
 from elastic.reward.problems import Problem, load_problems
-from elastic.reward.result import Result
+from elastic.reward.result import STATUSES, Result
 from elastic.reward.settings import EvalSettings
 
 log = logging.getLogger("elastic.reward")
 RESOURCE_AMOUNT = 0.01
+RATE_WINDOW_S = 60.0  # evals/s in stats() is measured over this trailing window
+
+
+class RewardUnavailable(RuntimeError):
+    """The pool cannot evaluate at all (the message says why); the run should stop."""
 
 
 @ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)
@@ -43,7 +66,7 @@ class RewardActor:
     def __init__(self, settings: EvalSettings, index: int) -> None:
         logging.basicConfig(level=logging.WARNING)
         self.settings = dataclasses.replace(settings, cpu=index)
-        self.sandbox = default_sandbox(settings.env_allow)
+        self.sandbox = default_sandbox(settings.env_allow)  # sweeps a killed predecessor's leftovers
 
     def layers(self) -> Dict[str, Any]:
         return self.sandbox.layers
@@ -51,24 +74,73 @@ class RewardActor:
     def pid(self) -> int:
         return os.getpid()
 
-    def evaluate(self, problem: Problem, completion: str) -> Result:
-        self.sandbox.sweep_stale()  # leftovers of a killed predecessor on this node (cheap)
-        return evaluate_completion(problem, completion, self.settings, self.sandbox)
+    def evaluate(self, problem: Problem, source: str, language: str) -> Result:
+        return evaluate(problem, source, language, self.settings, self.sandbox)
+
+
+def program_key(problem_id: str, language: str, source: str) -> str:
+    """Identity of a program for dedup: problem, language and exact extracted source."""
+    h = hashlib.sha256()
+    for part in (problem_id, language, source):
+        h.update(part.encode(errors="surrogatepass"))
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+@dataclasses.dataclass
+class _Job:
+    """One distinct program to evaluate, and who waits for it."""
+
+    key: str
+    problem_id: str
+    source: str
+    language: str
+    tokens: List[Hashable]
+    attempts: int = 0
+    last_slot: Optional[int] = None
 
 
 class RewardPool:
-    """``RewardPool(cfg.reward, problems_dir).evaluate_batch([(problem_id, completion), ...])``."""
+    """``RewardPool(cfg.reward, problems_dir).evaluate_batch([(problem_id, completion), ...])``.
 
-    def __init__(self, section, problems_dir: "str | Path", problems: Optional[Dict[str, Problem]] = None) -> None:
+    Thread-safe: ``submit``/``poll``/``stats`` may be called from several threads (the
+    service does); ``evaluate_batch`` must not run concurrently with other pollers.
+    """
+
+    def __init__(self, section, problems_dir: "str | Path | None",
+                 problems: Optional[Dict[str, Problem]] = None) -> None:
         self.section = section
         self.settings = EvalSettings.from_section(section)
-        self.problems = problems if problems is not None else load_problems(problems_dir)
+        self.problems = problems if problems is not None else load_problems(problems_dir)  # type: ignore[arg-type]
+        self._lock = threading.RLock()
         self._refs: Dict[str, Any] = {}
         self.actors: List[Any] = [None] * section.num_actors
         self._gen = [0] * section.num_actors
+        self._load = [0] * section.num_actors
+        self._queue: Deque[_Job] = collections.deque()
+        self._jobs: Dict[str, _Job] = {}  # program key -> job queued or in flight
+        self._in_flight: Dict[Any, Tuple[_Job, int, int, float]] = {}  # ref -> (job, slot, gen, dispatched)
+        self._recent: "collections.OrderedDict[str, Result]" = collections.OrderedDict()  # dedup window
+        self._ready: List[Tuple[Hashable, Result]] = []
+        self._batch_ids = itertools.count()
+        self._done_times: Deque[float] = collections.deque()
+        self._started = time.monotonic()
+        self._progress_t = time.monotonic()  # last completed evaluation, or when work last arrived at an idle pool
+        self._consecutive_failures = 0
+        self._last_failure = ""
+        self._broken = ""
         self.replaced = 0
+        self.counts: Dict[str, int] = collections.Counter()
+        self.status_counts: Dict[str, int] = collections.Counter({s: 0 for s in STATUSES})
         for i in range(section.num_actors):
             self._start(i)
+
+    # -- actors --------------------------------------------------------------------------
+    @property
+    def failure_limit(self) -> int:
+        """Consecutive failed attempts (no success between) after which the pool is gone:
+        every actor failing every retry of a full load of items, twice over."""
+        return 2 * self.section.num_actors * self.section.max_in_flight_per_actor * (self.section.max_retries + 1)
 
     def _start(self, slot: int) -> None:
         opts: Dict[str, Any] = {"num_cpus": 1}
@@ -97,77 +169,224 @@ class RewardPool:
             self._refs[pid] = ray.put(self.problems[pid])
         return self._refs[pid]
 
-    def evaluate_batch(self, items: Sequence[Tuple[str, str]]) -> List[Result]:
-        """Results in the order of `items`; every item gets one, whatever fails."""
-        n = len(items)
-        results: List[Optional[Result]] = [None] * n
-        attempts = [0] * n
-        last_slot: List[Optional[int]] = [None] * n
-        pending = collections.deque()
-        for i, (pid, _) in enumerate(items):
-            if pid in self.problems:
-                pending.append(i)
-            else:
-                results[i] = Result(pid, "sandbox_error", self.settings.failure_reward, reason=f"unknown problem id {pid!r}")
-        cap = self.section.max_in_flight_per_actor
-        deadline = self.section.item_deadline_s
-        load = [0] * len(self.actors)
-        in_flight: Dict[Any, Tuple[int, int, int, float]] = {}  # ref -> (item, slot, gen, dispatched)
+    # -- the streaming mechanism -----------------------------------------------------------
+    @property
+    def outstanding(self) -> int:
+        """Distinct programs queued or in flight, plus results not yet returned by poll."""
+        with self._lock:
+            return len(self._jobs) + len(self._ready)
 
-        def infra_failure(i: int, slot: int, why: str) -> None:
-            attempts[i] += 1
-            last_slot[i] = slot
-            if attempts[i] > self.section.max_retries:
-                pid = items[i][0]
-                results[i] = Result(pid, "sandbox_error", self.settings.failure_reward, attempts=attempts[i],
-                                    reason=f"infrastructure failure after {attempts[i]} attempts: {why}")
-            else:
-                pending.appendleft(i)
+    def submit(self, token: Hashable, problem_id: str, completion: str) -> None:
+        """Enqueue one completion; its Result comes out of :meth:`poll` as ``(token, Result)``."""
+        with self._lock:
+            self._raise_if_broken()
+            self.counts["submitted"] += 1
+            problem = self.problems.get(problem_id)
+            if problem is None:
+                self.counts["immediate"] += 1
+                self._deliver(token, Result(problem_id, "sandbox_error", self.settings.failure_reward,
+                                            reason=f"unknown problem id {problem_id!r}"))
+                return
+            code = extract_code(completion, problem.language)
+            if code is None:
+                self.counts["immediate"] += 1
+                self._deliver(token, no_code_result(problem_id, self.settings))
+                return
+            lang, src = code
+            key = program_key(problem_id, lang, src)
+            dedup = self.section.dedup_window > 0
+            if dedup and key in self._recent:
+                self._recent.move_to_end(key)
+                self.counts["dedup_hits"] += 1
+                self._deliver(token, self._copy(self._recent[key]))
+                return
+            if dedup and key in self._jobs:
+                self.counts["dedup_hits"] += 1
+                self._jobs[key].tokens.append(token)
+                return
+            if not self._jobs:
+                self._progress_t = time.monotonic()  # an idle pool starts its no-progress clock now
+            if not dedup:
+                key = f"{key}:{next(self._batch_ids)}"
+            job = _Job(key, problem_id, src, lang, [token])
+            self._jobs[key] = job
+            self._queue.append(job)
+            self._dispatch()
 
-        while pending or in_flight:
-            while pending:
-                i = pending[0]
-                free = [s for s in range(len(self.actors)) if load[s] < cap]
-                if not free:
-                    break
-                other = [s for s in free if s != last_slot[i]] or free  # retry elsewhere when possible
-                slot = min(other, key=lambda s: load[s])
-                pending.popleft()
-                pid, completion = items[i]
-                ref = self.actors[slot].evaluate.remote(self._problem_ref(pid), completion)
-                in_flight[ref] = (i, slot, self._gen[slot], time.monotonic())
-                load[slot] += 1
+    def poll(self, timeout_s: float) -> List[Tuple[Hashable, Result]]:
+        """Dispatch queued work, wait up to `timeout_s` for any to finish, return what did.
+
+        Raises :class:`RewardUnavailable` once the pool is gone for good.
+        """
+        with self._lock:
+            self._raise_if_broken()
+            self._dispatch()
+            if self._ready or not self._in_flight:
+                return self._take_ready()
+            refs = list(self._in_flight)
             now = time.monotonic()
-            wait_s = max(0.0, min(t + deadline for (_, _, _, t) in in_flight.values()) - now)
-            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=min(wait_s, 5.0))
-            if ready:
-                ready, _ = ray.wait(list(in_flight), num_returns=len(in_flight), timeout=0)
+            nearest = min(t for (_, _, _, t) in self._in_flight.values()) + self.section.item_deadline_s
+            wait_s = max(0.0, min(timeout_s, nearest - now, self._progress_t + self.section.unavailable_after_s - now))
+        ready, _ = ray.wait(refs, num_returns=1, timeout=wait_s)  # unlocked: submitters go on meanwhile
+        if ready:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        with self._lock:
             for ref in ready:
-                i, slot, gen, _ = in_flight.pop(ref)
-                load[slot] -= 1
+                entry = self._in_flight.pop(ref, None)
+                if entry is None:  # collected by another poller, or expired
+                    continue
+                job, slot, gen, _ = entry
+                self._load[slot] -= 1
                 try:
                     r = ray.get(ref)
                 except ray.exceptions.RayError as e:
-                    why = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+                    text = str(e).strip()
+                    why = f"{type(e).__name__}: {text.splitlines()[0][:200] if text else ''}"
                     self._replace(slot, gen, why)
-                    infra_failure(i, slot, why)
+                    self._infra_failure(job, slot, why)
                     continue
-                r.attempts = attempts[i] + 1
-                results[i] = r
+                self._finish(job, r)
             now = time.monotonic()
-            for ref, (i, slot, gen, t) in list(in_flight.items()):
-                if now - t > deadline and ref in in_flight:
-                    del in_flight[ref]
-                    load[slot] -= 1
-                    self._replace(slot, gen, f"item deadline {deadline:g}s exceeded")
-                    infra_failure(i, slot, f"item deadline {deadline:g}s exceeded")
+            for ref, (job, slot, gen, t) in list(self._in_flight.items()):
+                if now - t > self.section.item_deadline_s and ref in self._in_flight:
+                    del self._in_flight[ref]
+                    self._load[slot] -= 1
+                    why = f"item deadline {self.section.item_deadline_s:g}s exceeded"
+                    self._replace(slot, gen, why)
+                    self._infra_failure(job, slot, why)
                     # the actor's other items fail with RayActorError and are retried too
+            self._check_health(now)
+            self._dispatch()
+            return self._take_ready()
+
+    def evaluate_batch(self, items: Sequence[Tuple[str, str]]) -> List[Result]:
+        """Results in the order of `items`; every item gets one, whatever fails (unless the
+        whole pool is gone: :class:`RewardUnavailable`)."""
+        batch = next(self._batch_ids)
+        results: List[Optional[Result]] = [None] * len(items)
+        for i, (pid, completion) in enumerate(items):
+            self.submit(("batch", batch, i), pid, completion)
+        left = len(items)
+        while left:
+            for token, r in self.poll(5.0):
+                if isinstance(token, tuple) and len(token) == 3 and token[:2] == ("batch", batch):
+                    results[token[2]] = r
+                    left -= 1
         return results  # type: ignore[return-value]
 
+    # -- bookkeeping (callers hold the lock) ---------------------------------------------------
+    def _dispatch(self) -> None:
+        cap = self.section.max_in_flight_per_actor
+        while self._queue:
+            free = [s for s in range(len(self.actors)) if self._load[s] < cap]
+            if not free:
+                return
+            job = self._queue[0]
+            other = [s for s in free if s != job.last_slot] or free  # retry elsewhere when possible
+            slot = min(other, key=lambda s: self._load[s])
+            self._queue.popleft()
+            ref = self.actors[slot].evaluate.remote(self._problem_ref(job.problem_id), job.source, job.language)
+            self._in_flight[ref] = (job, slot, self._gen[slot], time.monotonic())
+            self._load[slot] += 1
+
+    def _infra_failure(self, job: _Job, slot: int, why: str) -> None:
+        job.attempts += 1
+        job.last_slot = slot
+        self.counts["infra_failures"] += 1
+        self._consecutive_failures += 1
+        self._last_failure = why
+        if job.attempts > self.section.max_retries:
+            self.counts["sandbox_errors_after_retries"] += 1
+            r = Result(job.problem_id, "sandbox_error", self.settings.failure_reward, attempts=job.attempts,
+                       reason=f"infrastructure failure after {job.attempts} attempts: {why}", language=job.language)
+            self._finish(job, r, from_actor=False)
+        else:
+            self.counts["retries"] += 1
+            self._queue.appendleft(job)
+
+    def _finish(self, job: _Job, r: Result, from_actor: bool = True) -> None:
+        del self._jobs[job.key]
+        if from_actor:
+            r.attempts = job.attempts + 1
+            now = time.monotonic()
+            self.counts["evaluations"] += 1
+            self._done_times.append(now)
+            self._progress_t = now
+            self._consecutive_failures = 0
+            if self.section.dedup_window > 0 and r.status != "sandbox_error":  # never cache infrastructure
+                self._recent[job.key] = r
+                while len(self._recent) > self.section.dedup_window:
+                    self._recent.popitem(last=False)
+        for n, token in enumerate(job.tokens):
+            self._deliver(token, r if n == 0 else self._copy(r))
+
+    @staticmethod
+    def _copy(r: Result) -> Result:
+        c = copy.deepcopy(r)
+        c.dedup = True
+        return c
+
+    def _deliver(self, token: Hashable, r: Result) -> None:
+        self.status_counts[r.status] += 1
+        self._ready.append((token, r))
+
+    def _take_ready(self) -> List[Tuple[Hashable, Result]]:
+        out, self._ready = self._ready, []
+        return out
+
+    def _check_health(self, now: float) -> None:
+        if self._broken:
+            return
+        if self._jobs and now - self._progress_t > self.section.unavailable_after_s:
+            where = f"1 CPU and 0.01 {self.section.actor_resource!r}" if self.section.actor_resource else "1 CPU"
+            self._broken = (f"reward pool unavailable: no evaluation completed in {now - self._progress_t:.0f} s "
+                            f"(reward.unavailable_after_s={self.section.unavailable_after_s:g}) with "
+                            f"{len(self._jobs)} programs waiting; {self.replaced} actors replaced (each needs "
+                            f"{where}); last failure: {self._last_failure or 'none'}")
+        elif self._consecutive_failures >= self.failure_limit:
+            self._broken = (f"reward pool unavailable: {self._consecutive_failures} consecutive infrastructure "
+                            f"failures with no evaluation completing; {self.replaced} actors replaced; last "
+                            f"failure: {self._last_failure}")
+        if self._broken:
+            log.error("%s", self._broken)
+            self._raise_if_broken()
+
+    def _raise_if_broken(self) -> None:
+        if self._broken:
+            raise RewardUnavailable(self._broken)
+
+    # -- observability -------------------------------------------------------------------
+    def stats(self) -> Dict[str, Any]:
+        """Counters since start, plus the current queue and evals/s over the last minute."""
+        with self._lock:
+            now = time.monotonic()
+            while self._done_times and now - self._done_times[0] > RATE_WINDOW_S:
+                self._done_times.popleft()
+            window = min(RATE_WINDOW_S, max(now - self._started, 1e-9))
+            return {
+                "evaluations": self.counts["evaluations"],
+                "submitted": self.counts["submitted"],
+                "dedup_hits": self.counts["dedup_hits"],
+                "immediate": self.counts["immediate"],
+                "retries": self.counts["retries"],
+                "infra_failures": self.counts["infra_failures"],
+                "sandbox_errors_after_retries": self.counts["sandbox_errors_after_retries"],
+                "statuses": dict(self.status_counts),
+                "replaced_actors": self.replaced,
+                "evals_per_s": len(self._done_times) / window,
+                "queue_length": len(self._queue),
+                "in_flight": len(self._in_flight),
+                "busy_actors": sum(1 for n in self._load if n > 0),
+                "actors": len(self.actors),
+                "dedup_window_size": len(self._recent),
+                "unavailable": self._broken or None,
+            }
+
     def shutdown(self) -> None:
-        for a in self.actors:
-            try:
-                ray.kill(a)
-            except Exception:
-                pass
-        self.actors = []
+        with self._lock:
+            for a in self.actors:
+                try:
+                    ray.kill(a)
+                except Exception:
+                    pass
+            self.actors = []

@@ -5,21 +5,23 @@ The same functions serve candidates and references, the evaluator, the pool and 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import shutil
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple
 
-from elastic.reward.sandbox import Limits, RunOutcome, Sandbox
+from elastic.reward.sandbox import Limits, PreparedRun, RunOutcome, Sandbox
 
 COMPILE = {
     "c": (["gcc", "-O2", "-std=c17", "-o", "prog", "src.c", "-lm"], "src.c"),
     "cpp": (["g++", "-O2", "-std=c++17", "-o", "prog", "src.cpp"], "src.cpp"),
 }
 _OOM_MARKERS = (b"std::bad_alloc", b"Cannot allocate memory", b"out of memory", b"memory exhausted")
+PREPARE_AHEAD = 8  # runs launched ahead of their turn (each holds a waiting sandbox and a cgroup)
 
 
 @dataclass
@@ -39,23 +41,37 @@ def compile_limits(wall_s: float, memory_mb: int) -> Limits:
 @contextlib.contextmanager
 def compiled(sandbox: Sandbox, source: str, language: str, limits: Limits) -> Iterator[Compiled]:
     """Compile in a fresh scratch dir; yields the binary (valid inside the `with` only)."""
-    argv, src_name = COMPILE[language]
     with sandbox.scratch() as d:
-        (d / src_name).write_text(source)
-        o = sandbox.run(list(argv), d, limits)
-        binary = d / "prog"
-        if o.sandbox_failed:
-            yield Compiled(False, None, o, o.sandbox_error, sandbox_error=True)
-        elif o.timed_out:
-            yield Compiled(False, None, o, "compiler timed out")
-        elif o.output_limit:
-            yield Compiled(False, None, o, "compiler output limit exceeded")
-        elif not o.ok or not binary.is_file():
-            mem = o.cgroup.memory_limit_hit or any(m in o.stderr for m in _OOM_MARKERS)
-            why = "compiler ran out of memory" if mem else "compilation failed"
-            yield Compiled(False, None, o, why)
-        else:
-            yield Compiled(True, binary, o)
+        yield compile_in(sandbox, d, source, language, limits)
+
+
+def compile_in(sandbox: Sandbox, d: Path, source: str, language: str, limits: Limits) -> Compiled:
+    """Compile `source` in scratch dir `d`; the binary, if any, is ``d / "prog"``."""
+    return finish_compile(start_compile(sandbox, d, source, language, limits), d)
+
+
+def start_compile(sandbox: Sandbox, d: Path, source: str, language: str, limits: Limits) -> PreparedRun:
+    """Write the source into `d` and release the compiler; :func:`finish_compile` collects it."""
+    argv, src_name = COMPILE[language]
+    (d / src_name).write_text(source)
+    run = sandbox.prepare(list(argv), d, limits, setup_ahead=False)
+    run.release()
+    return run
+
+
+def finish_compile(run: PreparedRun, d: Path) -> Compiled:
+    o = run.finish()
+    binary = d / "prog"
+    if o.sandbox_failed:
+        return Compiled(False, None, o, o.sandbox_error, sandbox_error=True)
+    if o.timed_out:
+        return Compiled(False, None, o, "compiler timed out")
+    if o.output_limit:
+        return Compiled(False, None, o, "compiler output limit exceeded")
+    if not o.ok or not binary.is_file():
+        mem = o.cgroup.memory_limit_hit or any(m in o.stderr for m in _OOM_MARKERS)
+        return Compiled(False, None, o, "compiler ran out of memory" if mem else "compilation failed")
+    return Compiled(True, binary, o)
 
 
 @contextlib.contextmanager
@@ -75,9 +91,90 @@ def run_limits(time_limit_s: float, memory_mb: int) -> Limits:
 
 def run_binary(sandbox: Sandbox, binary: Path, stdin: Path, limits: Limits, cpu: Optional[int],
                prefix: Optional[List[str]] = None, want_log: bool = False) -> RunOutcome:
-    with run_dir(sandbox, binary) as d:
-        return sandbox.run([*(prefix or []), "./prog"], d, limits, stdin_path=stdin, cpu=cpu,
-                           tmpfs_workdir=True, want_log=want_log)
+    """Run the binary in a fresh working directory: under bwrap a tmpfs made for this run with
+    the binary bound in read-only (no host directory needed), else a fresh scratch dir."""
+    return prepare_binary(sandbox, binary, stdin, limits, cpu, prefix, want_log, setup_ahead=False).start()
+
+
+def prepare_binary(sandbox: Sandbox, binary: Path, stdin: Path, limits: Limits, cpu: Optional[int],
+                   prefix: Optional[List[str]] = None, want_log: bool = False,
+                   setup_ahead: bool = True) -> "PreparedRun | _DeferredRun":
+    """:func:`run_binary`, launched now and started later (see Sandbox.prepare); under bwrap
+    the binary need not exist yet."""
+    argv = [*(prefix or []), "./prog"]
+    if sandbox.iso.wrapper == "bwrap":
+        return sandbox.prepare(argv, binary.parent, limits, stdin_path=stdin, cpu=cpu, tmpfs_workdir=True,
+                               want_log=want_log, files={"prog": binary}, setup_ahead=setup_ahead)
+
+    def run_in_scratch() -> RunOutcome:
+        with run_dir(sandbox, binary) as d:
+            return sandbox.run(argv, d, limits, stdin_path=stdin, cpu=cpu, tmpfs_workdir=True, want_log=want_log)
+    return _DeferredRun(run_in_scratch)
+
+
+class RunQueue:
+    """Runs of one binary on several inputs, each launched (Sandbox.prepare: spawn, cgroup
+    attach, limits, and with `setup_ahead` bwrap's namespaces and mounts) up to `ahead` runs
+    before its turn.
+
+    Why: a cgroup v1 attach waits for an RCU grace period (~10 ms) unless another attach
+    happened just before, and bwrap's set-up costs ~3 ms; launched together before the compile,
+    a program's runs share one grace period, and their set-ups overlap the compile. Timed runs
+    use ``setup_ahead=False``: attached early, but set up after start, so no set-up shares the
+    pinned core with a timed run. Leaving the ``with`` block cancels what is left.
+    """
+
+    def __init__(self, sandbox: Sandbox, binary: Path, stdins: List[Path], limits: Limits, cpu: Optional[int],
+                 ahead: int = PREPARE_AHEAD, setup_ahead: bool = True, prefix: Optional[List[str]] = None,
+                 want_log: bool = False) -> None:
+        self.sandbox, self.binary, self.stdins, self.limits, self.cpu = sandbox, binary, stdins, limits, cpu
+        self.ahead, self.setup_ahead, self.prefix, self.want_log = ahead, setup_ahead, prefix, want_log
+        self._queue: "collections.deque[PreparedRun | _DeferredRun]" = collections.deque()
+        self._next = 0
+        self._fill()
+
+    def _fill(self) -> None:
+        while self._next < len(self.stdins) and len(self._queue) < self.ahead:
+            self._queue.append(prepare_binary(self.sandbox, self.binary, self.stdins[self._next], self.limits,
+                                              self.cpu, self.prefix, self.want_log, self.setup_ahead))
+            self._next += 1
+
+    def next(self) -> RunOutcome:
+        """Start the next run and return its outcome."""
+        run = self._queue.popleft()
+        try:
+            return run.start()
+        finally:
+            self._fill()
+
+    def close(self) -> None:
+        while self._queue:
+            self._queue.popleft().cancel()
+
+    def __enter__(self) -> "RunQueue":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _DeferredRun:
+    """Without bwrap the program runs in a host scratch dir holding the binary: made at start."""
+
+    def __init__(self, fn: Callable[[], RunOutcome]) -> None:
+        self.fn = fn
+
+    def start(self) -> RunOutcome:
+        return self.fn()
+
+    def cancel(self) -> None:
+        pass
+
+    def __enter__(self) -> "_DeferredRun":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
 
 
 def classify(o: RunOutcome, limits: Limits) -> Tuple[str, str]:

@@ -58,6 +58,9 @@ class Result:
     duration_s: float = 0.0
     attempts: int = 1
     sandbox: Dict[str, Any] = field(default_factory=dict)  # active isolation layers
+    # True when this is a copy of an identical program's evaluation (the pool's dedup window),
+    # so its timing was measured once for all copies.
+    dedup: bool = False
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

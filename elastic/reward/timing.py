@@ -3,8 +3,12 @@
 Modes:
 
 * ``wall``: ``warmup_runs`` untimed runs, then the median of ``timing_runs`` wall-clock runs,
-  every run pinned to one core (``sched_setaffinity`` in the child). Measured from the parent
-  around the sandboxed process, so it includes a constant few-ms sandbox start-up.
+  every run pinned to one core (``sched_setaffinity`` in the child). The runs are launched
+  ahead (:func:`bench_runs`: spawned, attached to their cgroups, limited, waiting in the
+  launcher); each clock runs from its release to its exit, so it includes a constant few-ms
+  sandbox start-up (bubblewrap's namespaces and mounts) but not the spawn or the cgroup
+  attach (whose RCU grace period varies with the host's load). No run is set up while
+  another is timed: set-ups would share the pinned core.
 * ``instructions``: one run under a deterministic instruction counter: ``perf stat -e
   instructions:u`` where the kernel exposes the counter, else ``valgrind --tool=callgrind``
   (~50x slower, so the run gets ``instructions_time_limit_s``). The count comes over a
@@ -15,7 +19,8 @@ one machine measure a reference once):
 
 * ``bench/<problem hash>.in`` / ``.out``: benchmark input (from the trusted ``gen_bench.py``)
   and the reference's output on it (what the candidate's output is checked against);
-* ``timings/<problem hash>-<machine fingerprint>-<mode>-<runs>.json``: reference timing.
+* ``timings/v<TIMING_VERSION>-<problem hash>-<machine fingerprint>-<mode>-<runs>.json``:
+  reference timing (the version changes whenever what a timing includes changes).
 
 The machine fingerprint hashes hostname, CPU model, CPU count and compiler version, so a
 timing is never reused across machines or toolchains.
@@ -40,10 +45,11 @@ from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 
 from elastic.reward.problems import Problem
-from elastic.reward.programs import classify, run_binary
+from elastic.reward.programs import RunQueue, classify
 from elastic.reward.sandbox import Limits, Sandbox
 
 GEN_BENCH_TIMEOUT_S = 300.0
+TIMING_VERSION = 2  # 2: wall clock starts at the release of an attached run (was: before fork + preexec_fn)
 
 
 class ReferenceError_(RuntimeError):
@@ -139,15 +145,44 @@ class Measurement:
 _COUNT_RE = {"valgrind": re.compile(rb"Collected\s*:\s*(\d+)"), "perf": re.compile(rb"^\s*(\d+),", re.M)}
 
 
-def measure(sandbox: Sandbox, binary: Path, stdin: Path, mode: str, runs: int, warmup: int,
-            bench_limit_s: float, memory_mb: int, instructions_limit_s: float, cpu: Optional[int]) -> Measurement:
-    """Time `binary` on `stdin` in `mode`; the first run's output is kept for checking."""
-    m = Measurement()
+def bench_runs(sandbox: Sandbox, binary: Path, stdin: Path, mode: str, runs: int, warmup: int,
+               bench_limit_s: float, memory_mb: int, instructions_limit_s: float, cpu: Optional[int]) -> RunQueue:
+    """The runs :func:`measure` will time, launched now: attached and limited, waiting in the
+    launcher; bwrap sets each up only when it starts (inside its clock, like every timing)."""
     if mode == "wall":
         limits = Limits(wall_s=bench_limit_s, cpu_s=bench_limit_s, memory_mb=memory_mb)
+        return RunQueue(sandbox, binary, [stdin] * (warmup + runs), limits, cpu, setup_ahead=False)
+    tool = instruction_tool()
+    if tool == "perf":
+        prefix = ["perf", "stat", "-x,", "-e", "instructions:u", "--log-fd", "{LOG_FD}", "--"]
+        limits = Limits(wall_s=instructions_limit_s, cpu_s=instructions_limit_s, memory_mb=memory_mb + 256)
+    else:
+        prefix = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--vgdb=no",
+                  "--log-fd={LOG_FD}"]
+        # valgrind reserves large virtual ranges: no RLIMIT_AS, memory bounded by the cgroup.
+        limits = Limits(wall_s=instructions_limit_s, cpu_s=instructions_limit_s, memory_mb=memory_mb + 512,
+                        address_space=False)
+    return RunQueue(sandbox, binary, [stdin] if tool else [], limits, cpu, setup_ahead=False, prefix=prefix,
+                    want_log=True)
+
+
+def measure(sandbox: Sandbox, binary: Path, stdin: Path, mode: str, runs: int, warmup: int,
+            bench_limit_s: float, memory_mb: int, instructions_limit_s: float, cpu: Optional[int],
+            queue: Optional[RunQueue] = None) -> Measurement:
+    """Time `binary` on `stdin` in `mode`; the first run's output is kept for checking.
+    `queue` is :func:`bench_runs` with the same arguments, launched earlier by the caller."""
+    with (queue or bench_runs(sandbox, binary, stdin, mode, runs, warmup, bench_limit_s, memory_mb,
+                              instructions_limit_s, cpu)) as q:
+        return _measure(q, mode, runs, warmup)
+
+
+def _measure(q: RunQueue, mode: str, runs: int, warmup: int) -> Measurement:
+    m = Measurement()
+    limits = q.limits
+    if mode == "wall":
         m.tool = "wall"
         for i in range(warmup + runs):
-            o = run_binary(sandbox, binary, stdin, limits, cpu)
+            o = q.next()
             status, detail = classify(o, limits)
             if status != "ok":
                 m.failure = (status, detail)
@@ -163,16 +198,7 @@ def measure(sandbox: Sandbox, binary: Path, stdin: Path, mode: str, runs: int, w
         m.failure = ("sandbox_error", "no instruction counter (neither perf nor valgrind usable)")
         return m
     m.tool = tool
-    if tool == "perf":
-        prefix = ["perf", "stat", "-x,", "-e", "instructions:u", "--log-fd", "{LOG_FD}", "--"]
-        limits = Limits(wall_s=instructions_limit_s, cpu_s=instructions_limit_s, memory_mb=memory_mb + 256)
-    else:
-        prefix = ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", "--vgdb=no",
-                  "--log-fd={LOG_FD}"]
-        # valgrind reserves large virtual ranges: no RLIMIT_AS, memory bounded by the cgroup.
-        limits = Limits(wall_s=instructions_limit_s, cpu_s=instructions_limit_s, memory_mb=memory_mb + 512,
-                        address_space=False)
-    o = run_binary(sandbox, binary, stdin, limits, cpu, prefix=prefix, want_log=True)
+    o = q.next()
     status, detail = classify(o, limits)
     if status != "ok":
         m.failure = (status, detail)
@@ -191,7 +217,7 @@ def reference_timing(sandbox: Sandbox, problem: Problem, binary_factory, cache_d
                      warmup: int, instructions_limit_s: float, cpu: Optional[int]) -> Tuple[Measurement, bytes, bool]:
     """(reference measurement, reference bench output, from_cache). `binary_factory()` is a
     context manager yielding the compiled reference; it is only entered on a cache miss."""
-    key = f"{problem.content_hash}-{machine_fingerprint()}-{mode}-{runs if mode == 'wall' else 1}"
+    key = f"v{TIMING_VERSION}-{problem.content_hash}-{machine_fingerprint()}-{mode}-{runs if mode == 'wall' else 1}"
     tpath = cache_dir / "timings" / f"{key}.json"
     opath = cache_dir / "bench" / f"{problem.content_hash}.out"
     if tpath.is_file() and opath.is_file():

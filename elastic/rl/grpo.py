@@ -31,6 +31,7 @@ completions and resubmits them under the same keys (the service returns the cach
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -39,10 +40,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from elastic.data.chat import ChatFormat, render_prompt
-from elastic.data.code_opt import prompt_text
+from elastic.data.chat import ChatFormat, prompt_segments, tokenize_segments
 from elastic.data.tokenizer import from_json
 from elastic.model.attention import build_attention_metadata
+from elastic.records import append_record
 from elastic.rl.advantages import group_advantages, zero_variance_groups
 from elastic.rl.aggregation import StepCounts
 from elastic.rl.logprobs import token_entropy, token_logprobs
@@ -50,10 +51,10 @@ from elastic.rl.loss import grpo_loss
 from elastic.rl.overlong import overlong_penalty
 from elastic.rl.prompts import PromptStream, completion_id, flat, group_of, rank_completions
 from elastic.rl.seeds import rollout_seed
-from elastic.rl.split import split_problems
 from elastic.train.job import Job, Update, WorkerContext
 from elastic.train.step import LossFn, LossOutput, Micro, StepOutput
 
+ROLLOUTS = "rollouts.jsonl"
 STATUS_RATES = ("compile_error", "wrong_answer", "runtime_error", "timeout", "memory_limit", "sandbox_error")
 
 
@@ -134,11 +135,10 @@ class GRPOJob(Job):
         self.ctx = ctx
         cfg, rl = ctx.cfg, ctx.cfg.rl
         self.rl = rl
-        from elastic.data.code_opt import problem_ids
-
-        split = split_problems(problem_ids(rl.problems), rl.heldout, where=rl.problems)
-        self.heldout = list(split.heldout)
-        self.stream = PromptStream(tuple(split.train), cfg.run.seed)
+        # Prompts come from the driver (workers need no access to the problem directory).
+        self.prompt_texts: Dict[str, str] = ctx.config["prompt_texts"]
+        self.heldout = list(ctx.config["heldout_ids"])
+        self.stream = PromptStream(tuple(ctx.config["train_ids"]), cfg.run.seed)
         self.tok = from_json(ctx.config["tokenizer_json"])
         self.chat: ChatFormat = ctx.config["chat_format"]
         self.eos_id: int = ctx.config["eos_id"]
@@ -166,10 +166,8 @@ class GRPOJob(Job):
 
     def prompt_tokens(self, problem: str) -> List[int]:
         if problem not in self._prompt_ids:
-            import os
-
-            text = render_prompt([{"role": "user", "content": prompt_text(os.path.join(self.rl.problems, problem))}], self.chat)
-            self._prompt_ids[problem] = self.tok.encode(text).ids
+            segs = prompt_segments([{"role": "user", "content": self.prompt_texts[problem]}], self.chat)
+            self._prompt_ids[problem] = tokenize_segments(segs, self.tok.encode_batch, self.eos_id)[0]
         return self._prompt_ids[problem]
 
     # ------------------------------------------------------------------ one step
@@ -293,6 +291,13 @@ class GRPOJob(Job):
         self._metrics["_reward_span_s"] = time.perf_counter() - self._gen_t0
         mine = [(r.k, float(got[r.key].reward), got[r.key].status, len(r.tokens), r.truncated, got[r.key].speedup)
                 for r in rows]
+        # Every completion with its verdict, for people reading what the policy writes.
+        path = os.path.join(self.ctx.local_dir, ROLLOUTS)
+        for r in rows:
+            res = got[r.key]
+            append_record(path, {"step": step + 1, "k": r.k, "problem": r.problem, "status": res.status,
+                                 "reward": res.reward, "speedup": res.speedup, "reason": (res.reason or "")[:300],
+                                 "tokens": len(r.tokens), "truncated": r.truncated, "completion": decode_text(self.tok, r.tokens)})
         parts: List[Any] = [None] * self.ctx.world_size
         dist.all_gather_object(parts, mine)
         everything = sorted((x for p in parts for x in p), key=lambda x: x[0])

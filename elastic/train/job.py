@@ -32,7 +32,7 @@ class WorkerContext:
     world_size: int
     device: torch.device
     model: torch.nn.Module   # FSDP-wrapped policy
-    local_dir: str           # run directory for records
+    local_dir: str           # where the run's records go (the run dir; local path or URI)
     config: Dict[str, Any]   # the raw train_loop_config (plans, paths)
 
 

@@ -1,9 +1,11 @@
-"""Language-modelling job (pretraining and SFT): packed samples from the Ray Data stream,
-token cross-entropy on the targets packing marked.
+"""Language-modelling job (pretraining and SFT): packed samples from the shard cache, token
+cross-entropy on the targets packing marked.
 
 Pretraining and SFT differ only in the data plan (which documents, which tokens carry loss);
 both take global step s's samples from stream positions [s·B, (s+1)·B) through the global data
-cursor, so a resized or restarted run trains on the same samples at any world size.
+cursor, so a resized or restarted run trains on the same samples at any world size. Each rank
+reads only its own B/W rows of every global batch from the cache (elastic/data/reader.py); the
+run's store builder (`config["store"]`) tokenizes the shards, once, on the cluster's CPUs.
 """
 
 from __future__ import annotations
@@ -12,12 +14,12 @@ import math
 from typing import Any, Dict, Iterator
 
 import numpy as np
-import ray.train
 import torch
 
 from elastic.data.cursor import Cursor
 from elastic.data.documents import BadRows
-from elastic.data.pipeline import DataPlan, GlobalBatches, build_dataset, epochs_needed
+from elastic.data.pipeline import DataPlan
+from elastic.data.reader import RankBatches, SampleStream, first_samples
 from elastic.train.job import Job, Update, WorkerContext
 from elastic.data.packing import IGNORE
 from elastic.train.step import LossFn, causal_lm_loss, global_sum, label_count, split_micro, to_device
@@ -34,24 +36,18 @@ class LMJob(Job):
         self.micro = cfg.train.micro_batch_size
         self.per_rank = self.B // ctx.world_size
         cursor = Cursor.from_dict(state["cursor"]) if "cursor" in state else Cursor()
-        total = cfg.train.steps * self.B
-        plan = self.plan
-
-        def make_dataset(c: Cursor):
-            return build_dataset(plan, c, epochs_needed(plan, c, max(0, total - c.consumed)))
-
-        self.batches = GlobalBatches(ray.train.get_dataset_shard("train"), make_dataset, cursor, self.B, plan.num_shards)
-        self.bad_total = BadRows.from_dict(state.get("bad_rows", {}), keep=plan.report_bad_rows)
+        self.store, self.cache_root = ctx.config["store"], ctx.config["cache_root"]
+        stream = SampleStream(self.plan, "train", self.store, self.cache_root)
+        self.batches = RankBatches(stream, cursor, self.B, ctx.rank, ctx.world_size, cfg.data.prefetch_steps)
+        self.bad_total = BadRows.from_dict(state.get("bad_rows", {}), keep=self.plan.report_bad_rows)
         self._eval_cache = None
 
     def updates(self, step: int) -> Iterator[Update]:
-        gb = self.batches.next()
-        self.bad_total.merge(self.batches.take_bad_rows())
-        r, n = self.ctx.rank, self.per_rank
-        local = {k: gb[k][r * n:(r + 1) * n] for k in ("tokens", "positions", "doc_ids", "labels")}
+        b = self.batches.next()
+        self.bad_total.merge(b.bad_rows)  # the whole global batch's, identical on every rank
+        local = {k: b.rows[k] for k in ("tokens", "positions", "doc_ids", "labels")}
         yield Update(micro_batches=split_micro(local, self.micro), units=label_count(local),
-                     tokens=int(gb["n_real"][r * n:(r + 1) * n].sum()),
-                     sample_ids=gb["sample_id"][r * n:(r + 1) * n].tolist())
+                     tokens=int(b.rows["n_real"].sum()), sample_ids=b.rows["sample_id"].tolist())
 
     def loss_fn(self) -> LossFn:
         return causal_lm_loss
@@ -87,12 +83,15 @@ class LMJob(Job):
 
     def _eval_rows(self, plan: DataPlan, n: int) -> Dict[str, np.ndarray]:
         if self._eval_cache is None:
-            rows = build_dataset(plan, Cursor(), 1).take(n)
-            if not rows:
+            stream = SampleStream(plan, "eval", self.store, self.cache_root)
+            rows = first_samples(stream, n)
+            stream.close()
+            if not len(rows["tokens"]):
                 raise RuntimeError("the held-out data has no samples (eval.source / eval.fraction)")
-            self._eval_cache = {k: np.stack([np.asarray(r[k]) for r in rows]) for k in ("tokens", "positions", "doc_ids", "labels")}
+            self._eval_cache = {k: rows[k] for k in ("tokens", "positions", "doc_ids", "labels")}
         return self._eval_cache
 
     def close(self) -> None:
+        self.batches.close()
         if self.ctx.rank == 0 and self.bad_total.total:
             print(f"[elastic] {self.bad_total.total} rows skipped or cut {self.bad_total.counts}; first: {self.bad_total.examples}")

@@ -182,7 +182,9 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
     """The skeleton. `config` is Ray Train's train_loop_config: {"cfg": dict, "local_dir": str,
     "use_gpu": bool, ...job inputs}; `make_job` builds this job's Job."""
     cfg = from_dict(config["cfg"])
-    local_dir: str = config["local_dir"]  # metrics/ledger/events (a local mirror when storage is remote)
+    local_dir: str = config["local_dir"]  # wandb files, profiler traces (this machine)
+    # metrics/ledger/events: the run directory, a pyarrow URI when storage is remote (elastic/records.py)
+    records_dir: str = config.get("records_dir", local_dir)
     rctx = ray.train.get_context()
     rank, world = rctx.get_world_rank(), rctx.get_world_size()
     device = resolve_device(config["use_gpu"])
@@ -209,7 +211,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
             load_initial_weights(model, cfg)  # model.init_from, if any (else the seeded init stands)
     start_step, counters = state.step, state.counters
     job = make_job()
-    job.start(WorkerContext(cfg, rank, world, device, model, local_dir, config), state.job)
+    job.start(WorkerContext(cfg, rank, world, device, model, records_dir, config), state.job)
     ups = job.updates_per_step  # optimizer updates per global step (GRPO: several per rollout)
     sched = build_scheduler(opt, t.warmup_steps * ups, t.steps * ups, t.min_lr_ratio)
     if state.scheduler:
@@ -229,7 +231,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
     counters.setdefault("skipped_steps", 0)
     attempt_useful = 0.0
     os.makedirs(local_dir, exist_ok=True)
-    events = os.path.join(local_dir, EVENTS)
+    events = os.path.join(records_dir, EVENTS)
     append_record(events, {"event": "worker", "time": start_time, "rank": rank, "world_size": world, "pid": os.getpid(),
                            "node_id": ray.get_runtime_context().get_node_id()})
     if rank == 0:
@@ -246,8 +248,8 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
     writer = None
     if rank == 0:
         wb = init_wandb(cfg.wandb.mode, cfg.wandb.project, cfg.wandb.entity, cfg.run.name, local_dir, config["cfg"])
-        writer = MetricsWriter(os.path.join(local_dir, METRICS), wb)
-    ledger = os.path.join(local_dir, LEDGER) if cfg.data.ledger else None
+        writer = MetricsWriter(os.path.join(records_dir, METRICS), wb)
+    ledger = os.path.join(records_dir, LEDGER) if cfg.data.ledger else None
     timer = StepTimer(device)
     profiler = StepProfiler(device, os.path.join(local_dir, "profile"), t.profile_steps, t.comm_sample_every, enabled=rank == 0)
     guard = StabilityGuard(t.max_bad_steps, t.spike_z)
@@ -330,6 +332,8 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
                        "tokens_per_s": tokens_global / step_s, "mfu": fpt * tokens_global / step_s / (peak * world),
                        "step_s": step_s, "slowest_rank_step_s": slowest, "world_size": world,
                        **{k: v for k, v in phases.items()}, **memory_gib(device), "time": time.time()}
+                # The optimizer updates' own time (GRPO's update phase; forward+backward+optimizer).
+                rec["update_s"] = sum(phases.get(k, 0.0) for k in ("forward_s", "backward_s", "optimizer_s"))
                 if ckpt_s is not None:
                     rec["checkpoint_s"] = ckpt_s
                 if profiler.comm_s is not None:

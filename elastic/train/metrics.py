@@ -53,7 +53,8 @@ class MetricsWriter:
 
     def __init__(self, path: str, wandb_run: Optional[Any] = None):
         self.path = path
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        if "://" not in path:  # a URI (remote run storage) has no directory to create
+            os.makedirs(os.path.dirname(path), exist_ok=True)
         self.wandb = wandb_run
 
     def write(self, record: Dict[str, Any]) -> None:
