@@ -94,6 +94,7 @@ def child_fsdp1(a) -> dict:
     from elastic.train.optim import build_optimizer
     from elastic.train.parallelize import parallelize
     from elastic.train.step import causal_lm_loss, label_count, split_micro, train_step
+    from elastic.train.timing import StepTimer
 
     torch.set_num_threads(a.threads)
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -104,14 +105,17 @@ def child_fsdp1(a) -> dict:
     model, args, _ = build_model(cfg, dev)
     model = parallelize(model, dev, torch.float32)
     opt = build_optimizer(model, 1e-3, 0.1, (0.9, 0.95), fused=False)
-    times = []
+    times, phases = [], []
     for step in range(a.warmup + a.steps):
         rows = _batch(args, a.batch, a.seq_len, step)
+        timer = StepTimer(dev)
         t0 = time.perf_counter()
-        train_step(model, opt, split_micro(rows, a.micro), causal_lm_loss, float(label_count(rows)), 1.0, dev)
+        train_step(model, opt, split_micro(rows, a.micro), causal_lm_loss, float(label_count(rows)), 1.0, dev, timer)
         times.append(time.perf_counter() - t0)
+        phases.append(timer.seconds())
     dist.destroy_process_group()
-    return {"step_s": times[a.warmup:]}
+    split = {k: statistics.median(p.get(k, 0.0) for p in phases[a.warmup:]) for k in ("forward_s", "backward_s", "optimizer_s")}
+    return {"step_s": times[a.warmup:], "split": {**split, "step_s": statistics.median(times[a.warmup:])}}
 
 
 def child_ray(a) -> dict:
@@ -121,7 +125,7 @@ def child_ray(a) -> dict:
 
     os.environ["RAY_ADDRESS"] = "local"
     store = tempfile.mkdtemp(prefix="step-overhead-")
-    cfg = _config(a, f"run.storage_path={store}", "run.name=ray")
+    cfg = _config(a, f"run.storage_path={store}", "run.name=ray", *a.set)
     res = run_pretraining(cfg, progress=False, out=open(os.devnull, "w"))
     recs = [r for r in read_records(os.path.join(res.records_dir or res.local_dir, "metrics.jsonl")) if "step" in r]
     steady = [r for r in recs if r["step"] > a.warmup]
@@ -135,7 +139,8 @@ CHILDREN = {"plain": child_plain, "fsdp1": child_fsdp1, "ray": child_ray}
 
 def run_child(mode: str, a) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", mode] + [
-        f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items() if k not in ("child", "out", "reps", "modes")]
+        f"--{k.replace('_', '-')}={v}" for k, v in vars(a).items() if k not in ("child", "out", "reps", "modes", "set")] + [
+        f"--set={o}" for o in a.set]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     last = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
     if p.returncode != 0 or not last:
@@ -154,6 +159,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--modes", default="plain,fsdp1,ray")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for the ray mode")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "step_overhead.json"))
     a = ap.parse_args(argv)
     if a.child:
