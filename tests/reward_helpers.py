@@ -49,18 +49,29 @@ def leftover_scratch(dead_owners_only: bool = False) -> List[str]:
             if not dead_owners_only or _owner_dead(p.name)]
 
 
-def leftover_cgroups(dead_owners_only: bool = False) -> List[str]:
-    """Run cgroups on the host; a live sandbox keeps one for its spare launcher, so callers
-    either close their sandbox first or look only at owners that died."""
+def _run_cgroups() -> List[str]:
     out = []
     for ctrl in ("pids", "memory", "unified"):
         root = Path("/sys/fs/cgroup") / ctrl
         if root.is_dir():
             try:
-                out += [str(p) for p in root.rglob("elastic-sbx-*") if not dead_owners_only or _owner_dead(p.name)]
+                out += [str(p) for p in root.rglob("elastic-sbx-*")]
             except OSError:
                 pass
     return out
+
+
+# Run cgroups that other process trees left before this test session (e.g. a killed run in a
+# sibling cgroup that no sandbox of ours sweeps): not this session's doing.
+_BEFORE_SESSION = set(_run_cgroups())
+
+
+def leftover_cgroups(dead_owners_only: bool = False) -> List[str]:
+    """Run cgroups on the host created since this test session started; a live sandbox keeps
+    one for its spare launcher, so callers either close their sandbox first or look only at
+    owners that died."""
+    return [p for p in _run_cgroups()
+            if p not in _BEFORE_SESSION and (not dead_owners_only or _owner_dead(Path(p).name))]
 
 
 def fence(lang: str, src: str) -> str:

@@ -28,7 +28,7 @@ def test_summary_reads_a_metrics_file_whose_last_line_is_cut(tmp_path):
         append_record(str(tmp_path / METRICS), _step(i, 100.0 + i))
     _cut(tmp_path / METRICS, _step(4, 104.0))
     _cut(tmp_path / EVENTS, {"event": "worker", "time": 104.5, "rank": 1})
-    s = summarize(RunPaths(str(tmp_path), str(tmp_path)), wall_s=5.0, checkpoint=None)
+    s = summarize(RunPaths(str(tmp_path), str(tmp_path), str(tmp_path)), wall_s=5.0, checkpoint=None)
     assert s["steps_logged"] == 3 and s["last_step"] == 3
     assert s["first_loss"] == _step(1, 0)["loss"] and s["last_loss"] == _step(3, 0)["loss"]
     assert json.loads((tmp_path / "summary.json").read_text())["steps_logged"] == 3

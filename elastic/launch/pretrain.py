@@ -66,10 +66,20 @@ class CheckpointCursor:
 
 def worker_env() -> dict:
     """Environment for workers of a cluster this driver starts or finds on this machine: this
-    checkout first on PYTHONPATH so they import the same `elastic`."""
+    checkout first on PYTHONPATH so they import the same `elastic`, and OMP_NUM_THREADS=1.
+
+    Why OMP_NUM_THREADS=1: Ray Train runs the training function in a thread of the worker
+    actor, and Ray sets OMP_NUM_THREADS to the actor's CPUs. If anything runs a parallel torch
+    op on the actor's main thread, libgomp builds a pool there; the training thread builds a
+    second one, and with more OpenMP threads than cores every parallel region pays a futex
+    wake-up. Measured on 2 cores: a plain loop in a second thread after one matmul on the main
+    thread runs 0.74x the tokens/s. With 1 the main thread never builds a pool; the training
+    loop sets its own thread count (torch.set_num_threads(scaling.cpus_per_worker),
+    elastic/train/loop.py). (Ray Train's own main thread was not seen to trigger it:
+    bench/step_overhead.py gave the same ratio with and without this.)"""
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != repo]
-    return {"PYTHONPATH": os.pathsep.join([repo] + rest)}
+    return {"PYTHONPATH": os.pathsep.join([repo] + rest), "OMP_NUM_THREADS": "1"}
 
 
 def private_cpus(cfg: Config) -> int:

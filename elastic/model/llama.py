@@ -195,7 +195,9 @@ class Transformer(nn.Module):
                 if doc_ids is None:
                     doc_ids = torch.zeros_like(tokens)
                 meta = build_attention_metadata(doc_ids, self.attention_backend)
-        freqs = self.rope_table(positions.device)[positions]
+        # Without a cache every position is < T (packed documents restart at 0); a scoring pass
+        # over prompt + completion may run past max_seq_len like generation does.
+        freqs = self.rope_table(positions.device, T if cache is None else 0)[positions]
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, freqs, meta, cache) if cache is not None else layer(h, freqs, meta)
