@@ -85,7 +85,8 @@ def test_dpo_trains_resumes_exactly_at_another_world_size_and_precomputes(ray_lo
     assert _ledger_by_step(store / "a" / "ledger.jsonl") == _ledger_by_step(store / "b" / "ledger.jsonl")
 
     # Reference log-probs precomputed with Ray Data: the same training; the table is stored and reused.
-    o = dpo_overrides(store, "c", hf_base, data, steps=3, **{"dpo.reference": "precomputed"})
+    # (the same 6-step schedule as run a, stopped after step 3)
+    o = dpo_overrides(store, "c", hf_base, data, **{"dpo.reference": "precomputed", "train.until_step": 3})
     run_dpo(load_config(None, o, job="dpo"), progress=False)
     mc = read_jsonl(store / "c" / "metrics.jsonl")
     np.testing.assert_allclose([r["loss"] for r in mc], [r["loss"] for r in ma[:3]], rtol=1e-5)

@@ -85,6 +85,7 @@ class DPOLaunch(JobLaunch):
         self.bad = bad
         self.cfg = cfg
         self.ref_table = None
+        self.say = say  # the job's console (the reference table says whether it was reused)
 
     def describe(self) -> list:
         cfg, tr, he = self.cfg, self.pairs["train"], self.pairs["heldout"]
@@ -104,7 +105,7 @@ class DPOLaunch(JobLaunch):
         if cfg.dpo.reference == "precomputed":
             from elastic.launch.dpo_reference import reference_table
 
-            self.ref_table = reference_table(cfg, paths.local_dir, self.pairs)
+            self.ref_table = reference_table(cfg, paths.local_dir, self.pairs, say=self.say)
 
     def trainer(self, cfg: Config, paths: RunPaths, gpu: bool):
         import ray
