@@ -77,3 +77,17 @@ def test_consecutive_nans_stop_the_run_with_its_checkpoint_intact(tmp_path):
     assert st["step"] == 4 and st["counters"]["skipped_steps"] == 0
     stops = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "stop"]
     assert len(stops) == 1 and stops[0]["step"] == 7
+
+
+def test_an_input_bound_run_is_named_input(tmp_path):
+    """A real run made input-bound on purpose (every batch arrives 1 s late, as from a slow
+    filesystem): the report names the input pipeline, with the data-wait share as evidence."""
+    corpus = make_text_corpus(tmp_path / "corpus")
+    store = tmp_path / "runs"
+    p = _run(small_run_overrides(store, "slow", corpus, 6), {"ELASTIC_FAULT_DATA_DELAY_S": "1.0"})
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    recs = read_jsonl(store / "slow" / "metrics.jsonl")
+    assert all(r["data_wait_s"] > 0.3 * r["step_s"] for r in recs[1:]), [(r["data_wait_s"], r["step_s"]) for r in recs]
+    verdict = json.loads((store / "slow" / "bottleneck.json").read_text())
+    assert verdict["name"] == "input", verdict
+    assert "[elastic] bottleneck: input" in p.stdout

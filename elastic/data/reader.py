@@ -18,8 +18,10 @@ stream is so tokenization stays `build_ahead` shards ahead.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -233,6 +235,11 @@ class RankBatches:
         self._prefetch = prefetch_steps > 0
 
     def _produce(self, cursor: Cursor) -> Tuple[RankBatch, Cursor]:
+        # Fault injection (tests, the report's input-bound case): ELASTIC_FAULT_DATA_DELAY_S
+        # seconds more per batch, as a slow filesystem or an overloaded CPU node would add.
+        delay = float(os.environ.get("ELASTIC_FAULT_DATA_DELAY_S", "0") or 0)
+        if delay > 0:
+            time.sleep(delay)
         w = self.stream.walk(cursor, self.B)
         a = self.rank * self.per_rank
         rows = self.stream.read(w.segments, a, a + self.per_rank)
