@@ -88,22 +88,29 @@ class StepOutcome:
     stats: Dict[str, float] = field(default_factory=dict)
 
 
+def scoring_temperature(rl) -> float:
+    """The temperature log-probabilities are taken at: the sampling one (1 for greedy)."""
+    return rl.temperature if rl.temperature > 0 else 1.0
+
+
 def make_grpo_loss(rl, counts: Callable[[], StepCounts]) -> LossFn:
     """The loss_fn of a GRPO optimizer step. A micro-batch holds prompt+completion rows
     (`tokens`, `positions`, `doc_ids`), `cmask` (1 on kept completion tokens), `adv` [B], and
     optionally `old_logp` / `ref_logp` aligned with the tokens; `counts()` gives the whole
-    optimizer step's StepCounts (same on every rank)."""
+    optimizer step's StepCounts (same on every rank). Tokens are scored at the sampling
+    temperature (the distribution they were drawn from, as verl and TRL do)."""
+    temp = scoring_temperature(rl)
 
     def loss(model, mb: Micro) -> LossOutput:
         meta = build_attention_metadata(mb["doc_ids"], model.attention_backend)
         logits = model(mb["tokens"], mb["positions"], mb["doc_ids"], meta)[:, :-1].float()
         targets = mb["tokens"][:, 1:]
         mask = mb["cmask"][:, 1:]
-        logp = token_logprobs(logits, targets)
+        logp = token_logprobs(logits, targets, temp)
         old = mb["old_logp"][:, 1:] if "old_logp" in mb else logp.detach()
         ref = mb["ref_logp"][:, 1:] if "ref_logp" in mb else None
         with torch.no_grad():
-            ent = token_entropy(logits)
+            ent = token_entropy(logits, temp)
         total, stats = grpo_loss(logp, old, mb["adv"], mask, loss_agg=rl.loss_agg, counts=counts(),
                                  clip_low=rl.clip_low, clip_high=rl.clip_high, ref_logp=ref, kl_coef=rl.kl_coef,
                                  kl_estimator=rl.kl_estimator, entropy=ent)
@@ -260,7 +267,7 @@ class GRPOJob(Job):
             b = self._sequence_batch(part)
             t = {k: torch.from_numpy(v).to(self.ctx.device) for k, v in b.items()}
             logits = model(t["tokens"], t["positions"], t["doc_ids"], build_attention_metadata(t["doc_ids"], model.attention_backend))
-            lp = token_logprobs(logits[:, :-1].float(), t["tokens"][:, 1:]).cpu().numpy()
+            lp = token_logprobs(logits[:, :-1].float(), t["tokens"][:, 1:], scoring_temperature(self.rl)).cpu().numpy()
             for j, r in enumerate(part):
                 a = len(r.prompt) - 1
                 out.append(lp[j, a:a + len(r.tokens)].copy())
