@@ -23,6 +23,9 @@ from elastic.data.sources import DataError
 from elastic.data.tokenizer import from_json, load_or_train
 from elastic.launch.data_plans import CODE_OPT, keep_tokenizer
 from elastic.launch.pretrain import JobLaunch, PretrainResult, RunPaths, build_torch_trainer, run_job
+# (before any Ray activity: see elastic/launch/pretrain.py)
+from elastic.launch.dpo_reference import reference_table
+from elastic.rl.dpo import dpo_loop_per_worker
 
 
 def dpo_sources(cfg: Config, local_dir: str) -> tuple[str, str]:
@@ -103,14 +106,12 @@ class DPOLaunch(JobLaunch):
 
     def start(self, cfg: Config, paths: RunPaths) -> None:
         if cfg.dpo.reference == "precomputed":
-            from elastic.launch.dpo_reference import reference_table
 
             self.ref_table = reference_table(cfg, paths.local_dir, self.pairs, say=self.say)
 
     def trainer(self, cfg: Config, paths: RunPaths, gpu: bool):
         import ray
 
-        from elastic.rl.dpo import dpo_loop_per_worker
 
         extra = {"pairs": ray.put(self.pairs), "bad_rows_total": self.bad.total}
         if self.ref_table is not None:

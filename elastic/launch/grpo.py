@@ -18,6 +18,10 @@ from elastic.data.sources import DataError
 from elastic.data.tokenizer import load_or_train
 from elastic.launch.data_plans import keep_tokenizer
 from elastic.launch.pretrain import JobLaunch, PretrainResult, RunPaths, build_torch_trainer, run_job
+# (before any Ray activity: see elastic/launch/pretrain.py)
+from elastic.reward.service import start_service
+from elastic.rl.grpo import grpo_loop_per_worker
+from elastic.data.code_opt import prompt_text
 
 
 def policy_tokenizer(cfg: Config) -> str:
@@ -60,14 +64,11 @@ class GRPOLaunch(JobLaunch):
                 f"{rl.prompts_per_step} prompts x {rl.group_size} samples per step; policy from {self.cfg.model.init_from}"]
 
     def start(self, cfg: Config, paths: RunPaths) -> None:
-        from elastic.reward.service import start_service
 
         self.service = start_service(cfg.reward, cfg.rl.problems, name=reward_service_name(cfg), problems=self.problems)
 
     def trainer(self, cfg: Config, paths: RunPaths, gpu: bool):
-        from elastic.rl.grpo import grpo_loop_per_worker
 
-        from elastic.data.code_opt import prompt_text
 
         ids = list(self.split.train) + list(self.split.heldout)
         return build_torch_trainer(cfg, paths, gpu, grpo_loop_per_worker,

@@ -27,6 +27,15 @@ from elastic.launch.data_plans import JobData, plan_job_data
 from elastic.launch.lease import RunLease
 from elastic.launch.progress import Progress
 from elastic.train import checkpoint as ckpt_lib
+# Imported here, before any Ray activity: under `ray job submit` the job's working dir can be
+# unpacked again while this driver runs (seen: a lazy import right after the store builder
+# started failed with ModuleNotFoundError).
+from elastic.data.builder import start_builder
+from elastic.launch.lora_base import check_lora_base, lora_base_record
+from elastic.launch.recovery import analyze
+from elastic.launch.recovery_callback import RecoveryEventsCallback
+from elastic.report import build_report
+from elastic.train.loop import train_loop_per_worker
 
 
 @dataclass
@@ -131,12 +140,9 @@ def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_c
     scaling_kwargs = dict(num_workers=num_workers, use_gpu=gpu, resources_per_worker=resources)
     if s.min_workers != s.max_workers:
         scaling_kwargs["elastic_resize_monitor_interval_s"] = s.elastic_resize_monitor_interval_s
-    from elastic.launch.recovery_callback import RecoveryEventsCallback
 
     storage = paths.run_dir.rsplit("/", 1)[0]
     if cfg.model.lora.rank > 0:  # what the adapters apply to, recorded in every checkpoint
-        from elastic.launch.lora_base import lora_base_record
-
         loop_config = {**loop_config, "lora_base": lora_base_record(cfg)}
     return TorchTrainer(
         loop_fn,
@@ -156,8 +162,6 @@ def start_store(cfg: Config, plan: DataPlan, paths: RunPaths, eval_plan: Optiona
     """The run's store builder (elastic/data/builder.py), already tokenizing from the latest
     checkpoint's position while the worker group starts. ELASTIC_FAULT_* variables of the
     driver reach its build tasks (fault injection in tests)."""
-    from elastic.data.builder import start_builder
-
     plans = {"train": plan, **({"eval": eval_plan} if eval_plan is not None else {})}
     faults = {k: v for k, v in os.environ.items() if k.startswith("ELASTIC_FAULT_")}
     store = start_builder(plans, cache_root(paths), cfg.data.build_ahead, task_env=faults)
@@ -170,8 +174,6 @@ def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool, eval_
                   store=None):
     """Language-modelling jobs: workers read their samples from the shard cache through the
     store builder's handle; no Ray Data stream reaches them (each would re-tokenize everything)."""
-    from elastic.train.loop import train_loop_per_worker
-
     store = store if store is not None else start_store(cfg, plan, paths, eval_plan)
     return build_torch_trainer(cfg, paths, gpu, train_loop_per_worker,
                                {"plan": plan, "eval_plan": eval_plan, "store": store, "cache_root": cache_root(paths)})
@@ -219,8 +221,6 @@ def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str], report:
     found = ckpt_lib.latest_complete(paths.run_dir)
     if found and found[1].get("bad_rows", {}).get("counts"):  # counts and first examples, with file and line
         s["bad_rows_detail"] = found[1]["bad_rows"]
-    from elastic.launch.recovery import analyze
-
     acc = analyze(paths.records_dir)
     s.update(restarts=acc["restarts"], goodput=acc["goodput"])
     if report:
@@ -299,8 +299,6 @@ def run_job(cfg: Config, launch: JobLaunch, out: Optional[TextIO] = None, progre
         os.makedirs(paths.local_dir, exist_ok=True)
         t0 = time.time()
         launch.plan(cfg, paths, say)
-        from elastic.launch.lora_base import check_lora_base
-
         check_lora_base(cfg, paths.run_dir)  # LoRA: the adapters' base is the one they were trained on
         with open(os.path.join(paths.local_dir, "config.json"), "w") as f:
             json.dump(to_dict(cfg), f, indent=2)
@@ -348,8 +346,6 @@ def run_job(cfg: Config, launch: JobLaunch, out: Optional[TextIO] = None, progre
 def write_run_report(paths: RunPaths, say) -> Optional[dict]:
     """report.md, plots and the named bottleneck (elastic/report); never fails the run."""
     try:
-        from elastic.report import build_report
-
         path, _, diag = build_report(paths.local_dir, records_dir=paths.records_dir)
     except Exception as e:  # a report must never take a finished run down
         say(f"[elastic] report: not written ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})")

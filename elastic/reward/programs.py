@@ -201,9 +201,15 @@ def classify(o: RunOutcome, limits: Limits) -> Tuple[str, str]:
         # A definite signal beats the memory heuristics below: cgroup v1 peak usage includes
         # the page cache of the file being written, so a disk filler can look "near the limit".
         return "runtime_error", "file size limit exceeded"
-    peak = max(o.max_rss_kb * 1024, o.cgroup.max_memory_bytes or 0)
+    # The cgroup's counters (v1 failcnt and max usage) include page cache: the binary, libc and
+    # files read are charged to the run. They are evidence for a process that died of a signal
+    # (OOM kill; SIGSEGV on a failed malloc); a process that exited by itself (e.g.
+    # `return 125`) needs an OOM kill, an out-of-memory message or its own RSS near the limit.
+    killed = o.signal is not None
+    peak = max(o.max_rss_kb * 1024, o.cgroup.max_memory_bytes or 0) if killed else o.max_rss_kb * 1024
     near_limit = peak >= 0.9 * (limits.memory_mb << 20)
-    if o.cgroup.memory_limit_hit or any(m in o.stderr for m in _OOM_MARKERS) or near_limit:
+    hit = o.cgroup.oom_kills > 0 or (killed and o.cgroup.memory_limit_hit)
+    if hit or any(m in o.stderr for m in _OOM_MARKERS) or near_limit:
         return "memory_limit", f"memory limit {limits.memory_mb} MB exceeded (peak {peak >> 20} MB)"
     if o.signal is not None:
         try:
