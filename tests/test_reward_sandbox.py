@@ -272,6 +272,16 @@ def test_program_exit_125_is_a_program_verdict(problem, settings):
     assert r.status == "runtime_error" and "125" in r.reason
 
 
+def test_exit_code_verdict_ignores_the_evaluators_own_memory(problem, settings):
+    """The shim is vforked from this process and Linux keeps maxrss across exec: a program that
+    exits by itself must not inherit this process's high-water mark as memory evidence."""
+    ballast = bytearray((2 * problem.memory_limit_mb) << 20)
+    ballast[::4096] = b"\x01" * len(ballast[::4096])  # resident, not just reserved
+    r = run(problem, settings, "int main(void){ return 3; }")
+    assert r.status == "runtime_error" and "exit code 3" in r.reason, (r.status, r.reason)
+    del ballast
+
+
 @pytest.mark.parametrize("wrapper", ["bwrap", "unshare"])
 def test_cancelled_prepared_run_never_runs(tmp_path, wrapper):
     """A prepared run waits fully set up; cancel() must not release it (bwrap reads EOF on its

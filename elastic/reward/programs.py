@@ -201,13 +201,18 @@ def classify(o: RunOutcome, limits: Limits) -> Tuple[str, str]:
         # A definite signal beats the memory heuristics below: cgroup v1 peak usage includes
         # the page cache of the file being written, so a disk filler can look "near the limit".
         return "runtime_error", "file size limit exceeded"
-    # The cgroup's counters (v1 failcnt and max usage) include page cache: the binary, libc and
-    # files read are charged to the run. They are evidence for a process that died of a signal
-    # (OOM kill; SIGSEGV on a failed malloc); a process that exited by itself (e.g.
-    # `return 125`) needs an OOM kill, an out-of-memory message or its own RSS near the limit.
+    # Evidence must be the program's own. The cgroup's counters (v1 failcnt and max usage)
+    # include page cache (the binary, libc and files read are charged to the run), so they count
+    # only for a process that died of a signal (OOM kill; SIGSEGV on a failed malloc). The
+    # wrapper's ru_maxrss is no evidence at all: Linux keeps maxrss across exec, and the shim is
+    # vforked from the evaluating process, so it reports that process's high-water mark (a
+    # `return 125` was judged memory_limit once the test process had grown). It is used only
+    # where no memory cgroup exists. A process that exited by itself needs an OOM kill or an
+    # out-of-memory message.
     killed = o.signal is not None
-    peak = max(o.max_rss_kb * 1024, o.cgroup.max_memory_bytes or 0) if killed else o.max_rss_kb * 1024
-    near_limit = peak >= 0.9 * (limits.memory_mb << 20)
+    cg_peak = o.cgroup.max_memory_bytes
+    peak = cg_peak if cg_peak is not None else o.max_rss_kb * 1024
+    near_limit = killed and peak >= 0.9 * (limits.memory_mb << 20)
     hit = o.cgroup.oom_kills > 0 or (killed and o.cgroup.memory_limit_hit)
     if hit or any(m in o.stderr for m in _OOM_MARKERS) or near_limit:
         return "memory_limit", f"memory limit {limits.memory_mb} MB exceeded (peak {peak >> 20} MB)"
