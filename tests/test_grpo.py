@@ -57,12 +57,21 @@ def _rollouts(path):
     return by
 
 
-def test_grpo_end_to_end_and_exact_resume(policy, tmp_path):
-    store = tmp_path / "runs"
-    steps = 4
-    a = run_grpo(grpo_overrides(store, "a", policy, steps), progress=False)
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def baseline(policy, tmp_path_factory):
+    """An undisturbed 4-step run: the reference for the resumed and the faulted runs."""
+    store = tmp_path_factory.mktemp("grpo") / "runs"
+    a = run_grpo(grpo_overrides(store, "a", policy, STEPS), progress=False)
     assert a.checkpoint.endswith("step_00000004") and not a.stopped
-    ma = read_jsonl(store / "a" / "metrics.jsonl")
+    return store
+
+
+def test_grpo_end_to_end_and_exact_resume(policy, baseline, tmp_path):
+    store, steps = baseline, STEPS
+    ma = read_jsonl(baseline / "a" / "metrics.jsonl")
     assert [r["step"] for r in ma] == [1, 2, 3, 4]
     for r in ma:  # the metrics the issue names are all there
         for k in ("reward_mean", "reward_std", "reward_max", "pass_rate", "compile_error_rate", "wrong_answer_rate",
@@ -73,7 +82,7 @@ def test_grpo_end_to_end_and_exact_resume(policy, tmp_path):
         assert r["sandbox_error_rate"] == 0.0
     assert any("policy_loss" in r and "kl" in r and "entropy" in r and "clip_frac_low" in r for r in ma)
     assert [r["step"] for r in ma if "heldout_pass_at_1" in r] == [2, 4]
-    ra = _rollouts(store / "a" / "rollouts.jsonl")
+    ra = _rollouts(baseline / "a" / "rollouts.jsonl")
     assert sorted(ra) == [(s, k) for s in range(1, steps + 1) for k in range(8)]  # a reward for every completion
     statuses = {r["status"] for r in ra.values()}
     assert "ok" in statuses  # the policy writes working programs; the pool scored them
@@ -81,10 +90,11 @@ def test_grpo_end_to_end_and_exact_resume(policy, tmp_path):
     # The ledger: every step's 8 completions exactly once (ids = prompt position * G + sample).
     from elastic.launch import ledger
 
-    chk = ledger.check(str(store / "a" / "ledger.jsonl"), 8, steps)
+    chk = ledger.check(str(baseline / "a" / "ledger.jsonl"), 8, steps)
     assert chk["ok"], chk
 
     # Stop after step 2, relaunch: same prompts, same sampled programs, same rewards, same losses.
+    store = tmp_path / "runs"
     run_grpo(grpo_overrides(store, "b", policy, steps, **{"train.until_step": 2}), progress=False)
     run_grpo(grpo_overrides(store, "b", policy, steps), progress=False)
     mb = read_jsonl(store / "b" / "metrics.jsonl")
@@ -96,6 +106,85 @@ def test_grpo_end_to_end_and_exact_resume(policy, tmp_path):
     np.testing.assert_allclose([r["grad_norm"] for r in mb], [r["grad_norm"] for r in ma], rtol=1e-5)
     state = json.loads((store / "b" / "step_00000004" / "train_state.json").read_text())
     assert state["prompt_cursor"] == 4 * 2
+
+
+def _train_worker_pids():
+    """Ray Train worker processes (Ray titles a process by its actor class)."""
+    found = []
+    for d in os.listdir("/proc"):
+        try:
+            argv0 = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")[0]
+        except OSError:
+            continue
+        if argv0.startswith(b"ray::RayTrainWorker"):
+            found.append(int(d))
+    return found
+
+
+def _steps_done(path):
+    try:
+        return [r["step"] for r in read_jsonl(path) if "step" in r]
+    except FileNotFoundError:
+        return []
+
+
+def test_grpo_survives_a_killed_train_worker_mid_rollout_and_a_killed_reward_actor(policy, baseline, tmp_path):
+    """One run, two faults: a train worker is SIGKILLed while step 2's completions are being
+    scored (mid-rollout), and after the restart a reward actor is SIGKILLed while it evaluates
+    a program of step 3. The run finishes on its own; every completion is trained on exactly once
+    (ledger); the rewards and losses are the undisturbed run's (a restarted step samples the same
+    programs; a killed evaluation is retried, never scored as a wrong program)."""
+    import threading
+
+    from elastic.launch.recovery import analyze
+    from tests.reward_helpers import evaluating_actor_pids, kill_pid, wait_until
+
+    store = tmp_path / "runs"
+    metrics = store / "f" / "metrics.jsonl"
+    done = {}
+
+    def saboteur():
+        # Fault 1: step 1 is in metrics.jsonl, step 2 is not, and an actor is scoring a program.
+        if not wait_until(lambda: _steps_done(metrics)[-1:] == [1] and evaluating_actor_pids() and _train_worker_pids(), 300):
+            return
+        first = set(_train_worker_pids())
+        worker = min(first)
+        kill_pid(worker)
+        done["worker"] = worker
+
+        # Fault 2: a new worker group runs, step 2 is done again, step 3's programs are being scored.
+        def step3_scoring():
+            now, steps = set(_train_worker_pids()), _steps_done(metrics)
+            return now and not (now & first) and 2 in steps and 3 not in steps and evaluating_actor_pids()
+
+        if not wait_until(step3_scoring, 300, every_s=0.01):
+            return
+        actor = evaluating_actor_pids()[0]
+        kill_pid(actor)
+        done["actor"] = actor
+
+    t = threading.Thread(target=saboteur, daemon=True)
+    t.start()
+    f = run_grpo(grpo_overrides(store, "f", policy, STEPS, **{"scaling.max_failures": 3}), progress=False)
+    t.join(timeout=5)
+    assert set(done) == {"worker", "actor"}, f"faults injected: {done}"
+    print(f"faults injected: {done}")
+    assert f.checkpoint.endswith("step_00000004") and not f.stopped
+    from elastic.launch import ledger
+
+    chk = ledger.check(str(store / "f" / "ledger.jsonl"), 8, STEPS)
+    assert chk["ok"], chk
+    restarts = analyze(str(store / "f"))["restarts"]
+    assert [r["cause"] for r in restarts] == ["failure"], restarts
+    ra, rf = _rollouts(baseline / "a" / "rollouts.jsonl"), _rollouts(store / "f" / "rollouts.jsonl")
+    assert {k: (v["problem"], v["completion"], v["status"], v["reward"]) for k, v in rf.items()} == \
+           {k: (v["problem"], v["completion"], v["status"], v["reward"]) for k, v in ra.items()}
+    final = {}
+    for r in read_jsonl(metrics):
+        final[r["step"]] = r  # a redone step's later record wins
+    ma = read_jsonl(baseline / "a" / "metrics.jsonl")
+    assert sorted(final) == [1, 2, 3, 4]
+    np.testing.assert_allclose([final[s]["loss"] for s in (1, 2, 3, 4)], [r["loss"] for r in ma], rtol=1e-6, atol=1e-9)
 
 
 def test_grpo_bad_input_is_one_line_before_workers_start(policy, tmp_path):

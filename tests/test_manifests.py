@@ -260,10 +260,7 @@ def test_image_ray_version_equals_ray_version(cluster):
 
 
 def test_entrypoints_share_the_pretrain_interface():
-    """python <image dir>/jobs/<entry>.py --config <image dir>/jobs/configs/<cfg>.yaml.
-
-    jobs/grpo.py arrives with the GRPO issue, so it is not required to exist; its config is.
-    """
+    """python <image dir>/jobs/<entry>.py --config <image dir>/jobs/configs/<cfg>.yaml."""
     for path in RAYJOBS:
         argv = shlex.split(_doc(path)["spec"]["entrypoint"])
         assert argv[0] == "python" and argv[2] == "--config", argv
@@ -271,8 +268,7 @@ def test_entrypoints_share_the_pretrain_interface():
         c = re.fullmatch(r"/home/ray/elastic/(jobs/configs/[\w-]+\.yaml)", argv[3])
         assert m and c, argv
         load_config(str(REPO / c.group(1)))  # the config exists and is valid today
-        if m.group(1) != "jobs/grpo.py":
-            assert (REPO / m.group(1)).is_file(), f"{m.group(1)} does not exist"
+        assert (REPO / m.group(1)).is_file(), f"{m.group(1)} does not exist"
         assert len(argv) == 4 or all(a == "--set" or "=" in a for a in argv[4:])
 
 

@@ -214,7 +214,7 @@ def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str], report:
                  mean_mfu=sum(r["mfu"] for r in recs) / len(recs), bad_rows=recs[-1].get("bad_rows", 0))
         rl = [r for r in recs if "reward_mean" in r]
         if rl:  # GRPO: reward and pass rate, first vs last steps
-            w = max(1, min(5, len(rl) // 3))
+            w = max(1, min(10, len(rl) // 3))  # the report's first-10/last-10 windows
             mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
             s["reward"] = {"window": w, "first": mean(rl[:w], "reward_mean"), "last": mean(rl[-w:], "reward_mean"),
                            "first_pass": mean(rl[:w], "pass_rate"), "last_pass": mean(rl[-w:], "pass_rate")}

@@ -152,10 +152,13 @@ def _grpo_section(run: RunData) -> List[str]:
     for k, lab in keys:
         v = [(r["step"], r[k]) for r in steps if _num(r.get(k))]
         if v:
-            rows.append((lab, _f(v[0][1]), _f(v[-1][1]), _f(_mean_last([x for _, x in v])), v[-1][0]))
+            xs = [x for _, x in v]
+            rows.append((lab, _f(v[0][1]), _f(v[-1][1]), _f(sum(xs[:10]) / len(xs[:10])), _f(_mean_last(xs)), v[-1][0]))
     if not rows:
         return []
-    return ["## GRPO", ""] + _table(("metric", "first", "last", "mean of last 10", "at step"), rows) + [""]
+    # First-10 against last-10 means: one step's figures swing with which prompts it drew, so the
+    # window means are what says whether the policy learned.
+    return ["## GRPO", ""] + _table(("metric", "first", "last", "mean of first 10", "mean of last 10", "at step"), rows) + [""]
 
 
 def _events_section(run: RunData, diag: Diagnosis) -> List[str]:

@@ -1,0 +1,83 @@
+"""The command line shared by the jobs that start from a fine-tuned policy (jobs/grpo.py,
+jobs/dpo.py): `--config`/`--set`, the SFT chain when `model.init_from` is empty, one-line errors
+with the documented exit codes, and the closing console lines. Each job supplies its runner and
+the lines that say how its run went.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Callable, List
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from elastic.config import ConfigError, load_config  # noqa: E402
+from elastic.data import DataError  # noqa: E402
+
+SFT_DEFAULT = os.path.join(HERE, "configs", "sft-code-opt.yaml")
+
+
+def starting_policy(label: str, overrides: List[str]) -> str:
+    """The default SFT run's final checkpoint, training it first when it is missing."""
+    from elastic.config import run_dir
+    from elastic.launch.grpo import latest_checkpoint
+    from elastic.launch.pretrain import run_pretraining
+
+    sft = load_config(SFT_DEFAULT, [o for o in overrides if o.startswith(("run.storage_path=", "wandb."))])
+    ckpt = latest_checkpoint(run_dir(sft))
+    if ckpt is None or not ckpt.endswith(f"step_{sft.train.steps:08d}"):
+        print(f"[elastic] no finished SFT policy at {run_dir(sft)}: running jobs/sft.py's default first")
+        res = run_pretraining(sft, kind="sft")
+        if res.stopped:
+            raise SystemExit(f"[elastic] SFT stopped: {res.stopped}")
+        ckpt = res.checkpoint
+    print(f"[elastic] {label} starts from {ckpt}")
+    return ckpt
+
+
+def main(argv, *, job: str, label: str, default_config: str, doc: str, example: str,
+         run: Callable, summary: Callable[[object], List[str]]) -> int:
+    """Parse, load and validate the config (chaining the SFT default when `model.init_from` is
+    empty), run `run(cfg)`, and print `summary(result)` and where the run's files are."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--config", help=f"YAML config (default: {default_config})")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help=f"override a config value, e.g. --set {example} (repeatable)")
+    args = ap.parse_args(argv)
+    path = args.config or default_config
+    try:
+        cfg = load_config(path, args.overrides, job=job)
+        if not cfg.model.init_from:
+            cfg = load_config(path, args.overrides + [f"model.init_from={starting_policy(label, args.overrides)}"], job=job)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    from elastic.launch.cluster import ClusterError
+    from elastic.launch.lease import LeaseHeld
+    from elastic.reward.problems import ProblemError
+
+    try:
+        res = run(cfg)
+    except (DataError, ProblemError, ConfigError) as e:
+        print(f"{'config' if isinstance(e, ConfigError) else 'data'} error: {e}", file=sys.stderr)
+        return 2
+    except LeaseHeld as e:
+        print(f"run error: {e}", file=sys.stderr)
+        return 3
+    except ClusterError as e:
+        print(f"cluster error: {e}", file=sys.stderr)
+        return 4
+    if res.stopped:
+        print(f"[elastic] run stopped at its own request: {res.stopped}", file=sys.stderr)
+        return 5
+    for line in summary(res):
+        print(line)
+    records = res.records_dir or res.local_dir
+    print(f"[elastic] checkpoints: {res.run_dir}  (latest: {res.checkpoint})")
+    print(f"[elastic] metrics:     {os.path.join(records, 'metrics.jsonl')}")
+    if res.summary.get("report"):
+        print(f"[elastic] report:      {res.summary['report']}")
+    return 0
