@@ -11,6 +11,8 @@
 
    both in a 1-CPU Ray actor, so at the niceness Ray gives its workers (15), like the pool's
    actors: a baseline in the driver (nice 0) would be favoured on a shared machine;
+   * ``parallel baseline``: the baseline on all N slots at once (N actors, each its own
+     distinct programs), evaluations/s over the span from the first start to the last end;
    * ``pool``: ``RewardPool.evaluate_batch`` with N actors (N CPU slots), same settings.
 
    Every item is a distinct program (the solution plus a unique comment), so the pool's
@@ -18,10 +20,12 @@
 
    ``overhead = (N / pool_evals_per_s) / (1 / baseline_evals_per_s)``: CPU-slot seconds per
    evaluation, sandboxed in the pool over unsandboxed. ``in-process overhead`` is the same
-   for one process (sandbox cost without Ray). The machine may be shared: repetitions
-   alternate between code versions (``--before``), and medians over repetitions are quoted.
-   With N = number of cores, the pool also shares those cores with the driver and Ray's own
-   processes, which the baseline does not: that is counted against the pool. ``--max-load``
+   for one process (sandbox cost without Ray). ``parallel overhead = parallel_baseline_evals_per_s
+   / pool_evals_per_s`` compares at equal parallelism: with N = the number of cores the
+   sequential baseline has a core to spare for everything else, the pool does not (it also
+   shares those cores with the driver and Ray's own processes, which is counted against it in
+   both ratios). The machine may be shared: repetitions alternate between code versions
+   (``--before``), and medians over repetitions are quoted. ``--max-load``
    takes each repetition only once the 1-minute load average is below a threshold; every
    repetition records the load before and after it.
 
@@ -115,18 +119,25 @@ def pool_eps(problem_dir: Path, sources: List[str], lang: str, actors: int, cach
     return len(sources) / dt, layers, extra
 
 
-def _sequential(kind: str, problem_dir: str, sources: List[str], lang: str, cache: str) -> Dict[str, Any]:
-    """Runs inside a Ray actor: the baseline or the in-process sandboxed evaluations."""
+def _sequential(kind: str, problem_dir: str, sources: List[str], lang: str, cache: str,
+                start_at: float = 0.0) -> Dict[str, Any]:
+    """Runs inside a Ray actor: the baseline or the in-process sandboxed evaluations. With
+    `start_at` (a time.time() value) the timed part waits for it, so that tasks started on
+    several slots (each in a worker process that may have had to start first) overlap."""
     from elastic.reward.problems import load_problem
     from elastic.reward.timing import bench_input
 
     problem = load_problem(problem_dir)
     if kind == "baseline":
         stdin = bench_input(problem, Path(cache))
-        eps = baseline_eps(problem, sources, lang, stdin, _reference_output(problem, stdin))
+        ref = _reference_output(problem, stdin)
+        time.sleep(max(0.0, start_at - time.time()))
+        t0 = time.time()
+        eps = baseline_eps(problem, sources, lang, stdin, ref)
     else:
+        t0 = time.time()
         eps = inprocess_eps(problem, sources, lang, cache)
-    return {"evals_per_s": eps, "nice": os.nice(0)}
+    return {"evals_per_s": eps, "nice": os.nice(0), "t0": t0, "t1": time.time(), "items": len(sources)}
 
 
 def one_rep(args) -> Dict[str, Any]:
@@ -150,10 +161,22 @@ def one_rep(args) -> Dict[str, Any]:
         seq = ray.remote(num_cpus=1)(_sequential)
         b = ray.get(seq.remote("baseline", str(pdir), _sources(src, tag + "b", args.baseline_items), lang, cache))
         i = ray.get(seq.remote("in-process", str(pdir), _sources(src, tag + "i", args.baseline_items), lang, cache))
+        # The same unsandboxed work on every slot at once: the pool's baseline at equal
+        # parallelism (the slots then share the machine's cores, caches and kernel as the
+        # pool's actors do).
+        start_at = time.time() + 10.0  # time for a worker process per slot to start
+        par = ray.get([seq.remote("baseline", str(pdir), _sources(src, f"{tag}b{j}", args.baseline_items), lang, cache,
+                                  start_at) for j in range(args.actors)])
+        late = max(x["t0"] for x in par) - start_at
+        if late > 0.5:
+            raise RuntimeError(f"parallel baseline: a slot started {late:.1f} s late; the runs did not overlap")
+        par_eps = sum(x["items"] for x in par) / (max(x["t1"] for x in par) - min(x["t0"] for x in par))
         peps, layers, extra = pool_eps(pdir, _sources(src, tag + "p", args.items), lang, args.actors, cache)
         base, inproc = b["evals_per_s"], i["evals_per_s"]
         return {"baseline_evals_per_s": base, "inprocess_evals_per_s": inproc, "pool_evals_per_s": peps,
+                "parallel_baseline_evals_per_s": par_eps,
                 "overhead_ratio": (args.actors / peps) / (1 / base), "inprocess_overhead_ratio": base / inproc,
+                "parallel_overhead_ratio": par_eps / peps,
                 "worker_nice": b["nice"], "layers": layers, **extra}
     finally:
         ray.shutdown()
@@ -281,7 +304,8 @@ def main() -> None:
             reps[v].append(rep)
             print(f"rep {i + 1}/{args.reps} {v:<22} baseline {rep['baseline_evals_per_s']:6.2f}/s  in-process "
                   f"{rep['inprocess_evals_per_s']:6.2f}/s  pool {rep['pool_evals_per_s']:6.2f}/s  overhead "
-                  f"{rep['overhead_ratio']:.2f}x (in-process {rep['inprocess_overhead_ratio']:.2f}x)  load "
+                  f"{rep['overhead_ratio']:.2f}x (in-process {rep['inprocess_overhead_ratio']:.2f}x, vs "
+                  f"{args.actors} parallel baselines {rep['parallel_overhead_ratio']:.2f}x)  load "
                   f"{rep['loadavg_1m_before']:.1f} -> {rep['loadavg_1m_after']:.1f}", flush=True)
 
     from elastic.reward.problems import load_problem
@@ -298,7 +322,9 @@ def main() -> None:
 
     med = {v: {k: statistics.median(r[k] for r in rs) for k in ("baseline_evals_per_s", "inprocess_evals_per_s",
                                                                   "pool_evals_per_s", "overhead_ratio",
-                                                                  "inprocess_overhead_ratio")}
+                                                                  "inprocess_overhead_ratio",
+                                                                  "parallel_baseline_evals_per_s",
+                                                                  "parallel_overhead_ratio")}
            for v, rs in reps.items()}
     rows = [("problem", problem.id), ("actors (CPU slots)", args.actors), ("items (distinct programs)", args.items),
             ("repetitions per version", args.reps)]
@@ -307,7 +333,9 @@ def main() -> None:
                  (f"[{v}] in-process sandboxed evals/s (no Ray)", f"{m['inprocess_evals_per_s']:.2f}"),
                  (f"[{v}] pool evals/s ({args.actors} actors)", f"{m['pool_evals_per_s']:.2f}"),
                  (f"[{v}] in-process overhead (sandboxed / unsandboxed)", f"{m['inprocess_overhead_ratio']:.2f}x"),
-                 (f"[{v}] pool overhead (per-eval CPU-slot cost)", f"{m['overhead_ratio']:.2f}x")]
+                 (f"[{v}] pool overhead (per-eval CPU-slot cost)", f"{m['overhead_ratio']:.2f}x"),
+                 (f"[{v}] baseline on {args.actors} slots at once, evals/s", f"{m['parallel_baseline_evals_per_s']:.2f}"),
+                 (f"[{v}] pool overhead vs that (equal parallelism)", f"{m['parallel_overhead_ratio']:.2f}x")]
     rows += [(f"dedup: {dedup['items']} items, each program x{dedup['group']}",
               f"{dedup['evaluations']} evaluations, {dedup['dedup_hits']} hits, {dedup['items_per_s']:.1f} items/s"),
              (f"CV wall ({args.repeats} runs, median {statistics.median(wall_vals):.4f}s)", f"{cv_wall:.4f}"),
@@ -321,7 +349,8 @@ def main() -> None:
     load = os.getloadavg()
     out = {"problem": problem.id, "actors": args.actors, "items": args.items, "baseline_items": args.baseline_items,
            "reps": args.reps, "definition": "overhead = (actors / pool_evals_per_s) / (1 / baseline_evals_per_s); "
-           "medians over repetitions; every item a distinct program (no dedup)",
+           "parallel overhead = parallel_baseline_evals_per_s / pool_evals_per_s (the baseline on every slot "
+           "at once); medians over repetitions; every item a distinct program (no dedup)",
            "medians": med, "repetitions": reps, "dedup": dedup, "cv_wall": cv_wall, "cv_instructions": cv_instr,
            "instruction_tool": tool, "wall_runs_s": wall_vals, "instruction_runs": instr_vals, "layers": layers,
            "machine": {"node": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),

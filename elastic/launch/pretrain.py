@@ -91,6 +91,18 @@ def worker_env() -> dict:
     return {"PYTHONPATH": os.pathsep.join([repo] + rest), "OMP_NUM_THREADS": "1"}
 
 
+# Ray starts worker processes at nice 15 and keeps its own daemons (raylet, GCS, dashboard,
+# agents) and the driver at 0, so every wake-up of a daemon preempts a training thread at
+# once, and with one OpenMP thread per core the other threads then wait at the next barrier.
+# The job's own work (train workers, the shard builds that feed them; the reward pool does the
+# same for its actors) runs at 0, as Ray's job supervisor sets for the driver of `ray job
+# submit`; Ray Train's bookkeeping actors stay at 15. The variable only keeps Ray from raising
+# the niceness: nothing is lowered, so no privilege is needed. Measured with
+# bench/step_overhead.py on 2 cores (README "Measured", "step inside the product").
+JOB_WORK_ENV = {"RAY_worker_niceness": "0"}
+TRAIN_WORKER_ENV = {**JOB_WORK_ENV, "OMP_NUM_THREADS": "1"}  # OMP_NUM_THREADS: see worker_env
+
+
 def private_cpus(cfg: Config) -> int:
     """Logical CPUs of a private instance: every worker plus two data tasks at once (the
     machine may have fewer cores; oversubscription only costs time)."""
@@ -153,7 +165,8 @@ def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_c
         run_config=RunConfig(name=cfg.run.name, storage_path=storage,
                              checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
                              failure_config=FailureConfig(max_failures=s.max_failures),
-                             callbacks=[RecoveryEventsCallback(os.path.join(paths.records_dir, "events.jsonl"))]),
+                             callbacks=[RecoveryEventsCallback(os.path.join(paths.records_dir, "events.jsonl"))],
+                             worker_runtime_env={"env_vars": TRAIN_WORKER_ENV}),
         **trainer_kwargs,
     )
 
@@ -164,7 +177,7 @@ def start_store(cfg: Config, plan: DataPlan, paths: RunPaths, eval_plan: Optiona
     driver reach its build tasks (fault injection in tests)."""
     plans = {"train": plan, **({"eval": eval_plan} if eval_plan is not None else {})}
     faults = {k: v for k, v in os.environ.items() if k.startswith("ELASTIC_FAULT_")}
-    store = start_builder(plans, cache_root(paths), cfg.data.build_ahead, task_env=faults)
+    store = start_builder(plans, cache_root(paths), cfg.data.build_ahead, task_env={**JOB_WORK_ENV, **faults})
     cur = CheckpointCursor(paths.run_dir)()
     store.ahead.remote("train", cur.epoch, cur.shard_pos)
     return store

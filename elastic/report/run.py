@@ -9,7 +9,8 @@ line cut by a crash is skipped), recovery accounting through `elastic.launch.rec
   crashed      the Ray Train controller went to ErroredState or AbortedState after the last
                worker-group start (its error is quoted), or the
                records stopped long ago (below) with no summary and no stop event
-  finished     summary.json exists and the last step reached train.steps
+  finished     summary.json exists, or the Ray Train controller reached FinishedState after the
+               last worker-group start, and the last step reached train.steps
   stopped      summary.json or a "stop" event exists before train.steps (until_step, a stop rule);
                either must belong to the current invocation (a relaunch appends new steps)
   in progress  none of the above and the last record is recent: younger than
@@ -167,7 +168,11 @@ def infer_status(run: RunData, now: float) -> Status:
     stops = [e for e in run.events if e.get("event") == "stop" and _num(e.get("time")) and e["time"] >= last_start]
     summary_current = run.summary is not None and (
         not _num(run.summary.get("last_step")) or run.summary["last_step"] >= last_step)
-    if summary_current or stops:
+    # The controller reached FinishedState after the last start: the report written at the end
+    # of a run comes before its summary.json.
+    done = any(e.get("event") == "controller_state" and e.get("to") == "FinishedState" and _num(e.get("time"))
+               and e["time"] >= last_start for e in run.events)
+    if summary_current or stops or done:
         reason = stops[-1].get("reason") if stops else None
         if total and last_step >= total:
             return Status("finished", f"step {last_step}{of}" + (f" ({reason})" if reason else ""))

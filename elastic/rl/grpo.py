@@ -273,6 +273,9 @@ class GRPOJob(Job):
                 out.append(lp[j, a:a + len(r.tokens)].copy())
         return out
 
+    def _has_reference(self) -> bool:
+        return self.ref_model is not None or (self.lora and self.rl.kl_coef > 0)
+
     def _logprob_passes(self, rows: List[Rollout]) -> None:
         if self.updates_per_step > 1:  # the policy moves between updates: freeze what it was
             for r, lp in zip(rows, self._completion_logprobs(self.ctx.model, rows)):
@@ -423,7 +426,8 @@ class GRPOJob(Job):
             s = {k: sum(u.get(k, 0.0) for u in self._update_stats) for k in self._update_stats[0]}
             n = max(s.get("tokens", 0.0), 1.0)
             m.update(policy_loss=s.get("pg_loss", 0.0) / len(self._update_stats),
-                     kl=s.get("kl_sum", 0.0) / n, entropy=s.get("entropy_sum", 0.0) / n,
+                     # KL to the reference only where there is one (kl_coef > 0): not a measured 0.
+                     kl=s.get("kl_sum", 0.0) / n if self._has_reference() else None, entropy=s.get("entropy_sum", 0.0) / n,
                      clip_frac_low=s.get("clip_low_tokens", 0.0) / n, clip_frac_high=s.get("clip_high_tokens", 0.0) / n,
                      optimizer_updates=len(self._update_stats))
         return {k: v for k, v in m.items() if v is not None}

@@ -240,7 +240,8 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
         append_record(events, {
             "event": "start", "time": start_time, "world_size": world, "step": start_step,
             "resumed_from": ckpt.resumed_from, "attention_backend": backend,
-            "device": str(device), "param_dtype": str(param_dtype).replace("torch.", "")})
+            "device": str(device), "param_dtype": str(param_dtype).replace("torch.", ""),
+            "nice": os.nice(0), "torch_threads": torch.get_num_threads()})
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         print(f"[elastic] rank 0/{world}: step {start_step}/{t.steps}, attention={backend}, device={device}, "
               f"params={model.num_params()}, trainable={trainable}, param_dtype={param_dtype}")
