@@ -15,7 +15,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from elastic.config import ConfigError, load_config  # noqa: E402
-from elastic.data import DataError  # noqa: E402
+from jobs.pretrain import run_or_exit_code  # noqa: E402
 
 SFT_DEFAULT = os.path.join(HERE, "configs", "sft-code-opt.yaml")
 
@@ -55,21 +55,9 @@ def main(argv, *, job: str, label: str, default_config: str, doc: str, example: 
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    from elastic.launch.cluster import ClusterError
-    from elastic.launch.lease import LeaseHeld
-    from elastic.reward.problems import ProblemError
-
-    try:
-        res = run(cfg)
-    except (DataError, ProblemError, ConfigError) as e:
-        print(f"{'config' if isinstance(e, ConfigError) else 'data'} error: {e}", file=sys.stderr)
-        return 2
-    except LeaseHeld as e:
-        print(f"run error: {e}", file=sys.stderr)
-        return 3
-    except ClusterError as e:
-        print(f"cluster error: {e}", file=sys.stderr)
-        return 4
+    res, code = run_or_exit_code(run, cfg)
+    if res is None:
+        return code
     if res.stopped:
         print(f"[elastic] run stopped at its own request: {res.stopped}", file=sys.stderr)
         return 5

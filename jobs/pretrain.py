@@ -18,6 +18,27 @@ from elastic.config import ConfigError, load_config  # noqa: E402
 from elastic.data import DataError  # noqa: E402
 
 
+def run_or_exit_code(run, *args):
+    """(run(*args), 0), or (None, exit code) after a one-line message for the failures a user
+    can act on: bad config or input 2, the run directory in use 3, a cluster that cannot hold
+    the run 4 (README "The pipeline"). Shared by every entry point."""
+    from elastic.launch.cluster import ClusterError
+    from elastic.launch.lease import LeaseHeld
+    from elastic.reward.problems import ProblemError
+
+    try:
+        return run(*args), 0
+    except (DataError, ProblemError, ConfigError) as e:  # ConfigError: checked against the inputs at plan time
+        print(f"{'config' if isinstance(e, ConfigError) else 'data'} error: {e}", file=sys.stderr)
+        return None, 2
+    except LeaseHeld as e:
+        print(f"run error: {e}", file=sys.stderr)
+        return None, 3
+    except ClusterError as e:
+        print(f"cluster error: {e}", file=sys.stderr)
+        return None, 4
+
+
 def main(argv=None, kind: str = "pretrain", default_config: str = "", doc: str = "") -> int:
     """The command line of the language-modelling jobs (pretrain, SFT)."""
     ap = argparse.ArgumentParser(description=(doc or __doc__).splitlines()[0])
@@ -30,24 +51,11 @@ def main(argv=None, kind: str = "pretrain", default_config: str = "", doc: str =
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
-    from elastic.launch.cluster import ClusterError
-    from elastic.launch.lease import LeaseHeld
     from elastic.launch.pretrain import run_pretraining
 
-    try:
-        res = run_pretraining(cfg, kind)
-    except DataError as e:
-        print(f"data error: {e}", file=sys.stderr)
-        return 2
-    except ConfigError as e:  # checked against the inputs at plan time (model.init_from, a LoRA run's base)
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    except LeaseHeld as e:
-        print(f"run error: {e}", file=sys.stderr)
-        return 3
-    except ClusterError as e:
-        print(f"cluster error: {e}", file=sys.stderr)
-        return 4
+    res, code = run_or_exit_code(run_pretraining, cfg, kind)
+    if res is None:
+        return code
     s = res.summary
     if res.stopped:
         print(f"[elastic] run stopped at its own request: {res.stopped}", file=sys.stderr)

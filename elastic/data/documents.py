@@ -93,6 +93,27 @@ def _conversation(obj, where: str, chat: ChatFormat, bad: BadRows):
         return None
 
 
+NOT_A_ROW = object()
+"""What json_row returns for a blank line or a bad row (None is a valid JSON row)."""
+
+
+def json_row(raw: bytes, where: str, bad: BadRows) -> Any:
+    """One JSON-lines row, or NOT_A_ROW: blank lines are not rows; a line that is not UTF-8 or
+    not JSON is counted in `bad` with `where` (file:line) and skipped."""
+    if not raw.strip():
+        return NOT_A_ROW
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        bad.add("invalid_utf8", f"{where} (byte {e.start})")
+        return NOT_A_ROW
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        bad.add("bad_json", f"{where} ({e.msg})")
+        return NOT_A_ROW
+
+
 def _read_jsonl(p: Piece, field_name: str, bad: BadRows, chat: Optional[ChatFormat] = None) -> Iterator[str]:
     """Lines whose first byte lies in [start, end): every line belongs to exactly one piece."""
     fs, path = filesystem_for(p.uri)
@@ -114,17 +135,8 @@ def _read_jsonl(p: Piece, field_name: str, bad: BadRows, chat: Optional[ChatForm
             pos += len(raw)
             if line_no is not None:
                 line_no += 1
-            if not raw.strip():
-                continue  # blank lines are not rows
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                bad.add("invalid_utf8", f"{where} (byte {e.start})")
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                bad.add("bad_json", f"{where} ({e.msg})")
+            obj = json_row(raw, where, bad)
+            if obj is NOT_A_ROW:
                 continue
             if chat is not None:
                 text = _conversation(obj, where, chat, bad)

@@ -38,7 +38,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 from elastic.data.chat import EOS, ChatFormat, RowError, render_segments, tokenize_segments
-from elastic.data.documents import BadRows
+from elastic.data.documents import NOT_A_ROW, BadRows, json_row
 from elastic.data.sources import DataError, filesystem_for, resolve_files
 
 ROLES = ("system", "user", "assistant")
@@ -229,18 +229,9 @@ def _jsonl_rows(uri: str, bad: BadRows) -> Iterator[Tuple[str, Any]]:
     with fs.open_input_stream(path) as s:
         data = s.read()
     for n, raw in enumerate(data.split(b"\n"), start=1):
-        if not raw.strip():
-            continue
-        where = f"{uri}:{n}"
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            bad.add("invalid_utf8", f"{where} (byte {e.start})")
-            continue
-        try:
-            yield where, json.loads(line)
-        except json.JSONDecodeError as e:
-            bad.add("bad_json", f"{where} ({e.msg})")
+        obj = json_row(raw, f"{uri}:{n}", bad)
+        if obj is not NOT_A_ROW:
+            yield f"{uri}:{n}", obj
 
 
 def _parquet_rows(uri: str, fmt: PairFormat) -> Iterator[Tuple[str, Any]]:
