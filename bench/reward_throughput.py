@@ -263,7 +263,9 @@ def run_rep(code: Path, args) -> Dict[str, Any]:
            str(args.actors), "--items", str(args.items), "--baseline-items", str(args.baseline_items),
            "--problem", args.problem, "--solution", args.solution]
     env = dict(os.environ, RAY_ADDRESS="local", PYTHONPATH=str(code))
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    # cwd=code: Ray puts the driver's working directory first on its workers' sys.path, so
+    # from the repository's root the actors would import the current `elastic`, not `code`'s.
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800, cwd=str(code))
     if r.returncode != 0:
         raise SystemExit(f"repetition failed ({code}):\n{r.stderr[-3000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])

@@ -310,3 +310,40 @@ def test_cancelled_prepared_run_never_runs(tmp_path, wrapper):
     sb.close()
     assert dirs or sb.iso.cgroups is None or not (sb.iso.cgroups.pids or sb.iso.cgroups.memory)
     assert wait_until(lambda: not any(p.exists() for p in dirs), 10), dirs
+
+
+def test_no_state_carries_over_between_runs_of_one_program(problem, settings):
+    """Every run of one evaluation (4 tests, then the timed run) shares one sandbox session
+    (session.py). A run that finds what an earlier run left (files in its directory, the
+    session's tmpfs roots, /tmp, /dev/shm; System V shared memory, semaphores, message queues;
+    a POSIX message queue) answers wrongly; so `ok` means nothing carried over. Without the
+    wipe, a test run could compute the benchmark answer and leave it for the timed run."""
+    src = SOLVE + r"""
+#include <fcntl.h>
+#include <mqueue.h>
+#include <sys/ipc.h>
+#include <sys/msg.h>
+#include <sys/sem.h>
+#include <sys/shm.h>
+#include <sys/stat.h>
+#include <unistd.h>
+static const char *files[] = {"mark", "../mark", "/sandbox/mark", "/tmp/mark", "/dev/shm/mark", "/dev/mark"};
+int main(void) {
+    int seen = 0;
+    for (int i = 0; i < 6; i++) if (access(files[i], F_OK) == 0) seen = 1;
+    if (shmget(0x5eed, 0, 0) >= 0 || semget(0x5eed, 0, 0) >= 0 || msgget(0x5eed, 0) >= 0) seen = 1;
+    mqd_t q = mq_open("/elastic-mark", O_RDONLY);
+    if (q != (mqd_t)-1) seen = 1;
+    if (seen) { puts("-1"); return 0; }
+    for (int i = 0; i < 6; i++) { int fd = open(files[i], O_CREAT | O_WRONLY, 0600); if (fd >= 0) close(fd); }
+    const char *self[] = {"/proc/self/exe", "prog", "/build/prog"};  /* the binary later runs exec */
+    for (int i = 0; i < 3; i++) { int fd = open(self[i], O_WRONLY | O_TRUNC); if (fd >= 0) { write(fd, "x", 1); close(fd); } }
+    mkdir("/tmp/locked", 0700); close(open("/tmp/locked/x", O_CREAT | O_WRONLY, 0600)); chmod("/tmp/locked", 0);
+    shmget(0x5eed, 4096, IPC_CREAT | 0600); semget(0x5eed, 1, IPC_CREAT | 0600); msgget(0x5eed, IPC_CREAT | 0600);
+    struct mq_attr a = {0}; a.mq_maxmsg = 1; a.mq_msgsize = 1;
+    mq_open("/elastic-mark", O_CREAT | O_RDONLY, 0600, &a);
+    solve(); return 0;
+}"""
+    r = evaluate(problem, src, "c", settings)
+    assert r.status == "ok", (r.status, r.reason, [(t.name, t.status, t.detail) for t in r.tests])
+    assert len(r.tests) == len(problem.tests) and all(t.status == "ok" for t in r.tests)

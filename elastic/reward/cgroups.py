@@ -137,6 +137,21 @@ class RunCgroup:
                 pass
         return s
 
+    def reset_peaks(self) -> None:
+        """Reset the peak-usage and failure counters between two jobs of one session (v1:
+        writing 0 to ``memory.max_usage_in_bytes`` and ``memory.failcnt``; v2 kernels that
+        allow it: any write to ``memory.peak``). Best effort: where the kernel refuses, the
+        peak stays cumulative, which only makes the memory evidence more conservative."""
+        d = self.memory_dir
+        if d is None:
+            return
+        names = ("memory.max_usage_in_bytes", "memory.failcnt") if self.version == 1 else ("memory.peak",)
+        for name in names:
+            try:
+                _write(d / name, "0")
+            except OSError:
+                pass
+
     def set_limits(self, pids_max: int, memory_bytes: int) -> None:
         """(Re)write the limits: pids.max, and memory (plus swap, where accounted) in an order
         the kernel accepts whether they grow or shrink (v1 wants memory <= memory+swap)."""

@@ -174,14 +174,41 @@ def build(scratch_root: Optional[str] = None) -> Optional[str]:
     if _TRIED:
         return _BUILT
     _TRIED = True
+    _BUILT = _compile("launcher", SOURCE, scratch_root)
+    if _BUILT is None:
+        log.warning("sandbox launcher could not be built; spawning with preexec_fn (same limits, slower fork)")
+    return _BUILT
+
+
+_RUNNER: Optional[str] = None
+_RUNNER_TRIED = False
+
+
+def build_runner(scratch_root: Optional[str] = None) -> Optional[str]:
+    """Path of this process's compiled in-sandbox runner (:mod:`elastic.reward.runner_source`),
+    built on first use; None if gcc fails (each run then gets its own sandbox, as before)."""
+    global _RUNNER, _RUNNER_TRIED
+    if _RUNNER_TRIED:
+        return _RUNNER
+    _RUNNER_TRIED = True
+    from elastic.reward.runner_source import SOURCE as RUNNER_SOURCE
+
+    _RUNNER = _compile("runner", RUNNER_SOURCE, scratch_root)
+    if _RUNNER is None:
+        log.warning("sandbox runner could not be built; every run gets its own sandbox (slower)")
+    return _RUNNER
+
+
+def _compile(name: str, source: str, scratch_root: Optional[str]) -> Optional[str]:
+    """Compile a trusted helper into a private (0700) directory removed at exit."""
     root = scratch_root or tempfile.gettempdir()
     _sweep_dead_builds(root)
-    tag = hashlib.sha256(SOURCE.encode()).hexdigest()[:8]
+    tag = hashlib.sha256(source.encode()).hexdigest()[:8]
     d = tempfile.mkdtemp(prefix=f"elastic-launcher-{os.getpid()}-{tag}-", dir=root)  # 0700, ours
     atexit.register(shutil.rmtree, d, True)
-    src, exe = os.path.join(d, "launcher.c"), os.path.join(d, "launcher")
+    src, exe = os.path.join(d, f"{name}.c"), os.path.join(d, name)
     with open(src, "w") as f:
-        f.write(SOURCE)
+        f.write(source)
     try:
         r = subprocess.run(["gcc", "-O2", "-o", exe, src], capture_output=True, timeout=60,
                            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C"})
@@ -190,10 +217,9 @@ def build(scratch_root: Optional[str] = None) -> Optional[str]:
     except (OSError, subprocess.TimeoutExpired) as e:
         ok, why = False, str(e)
     if not ok:
-        log.warning("sandbox launcher could not be built (%s); spawning with preexec_fn (same limits, "
-                    "slower fork)", why)
+        log.warning("building %s failed: %s", name, why)
         return None
-    _BUILT = exe
+    os.remove(src)
     return exe
 
 

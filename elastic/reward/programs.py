@@ -60,15 +60,20 @@ def start_compile(sandbox: Sandbox, d: Path, source: str, language: str, limits:
 
 
 def finish_compile(run: PreparedRun, d: Path) -> Compiled:
-    o = run.finish()
     binary = d / "prog"
+    o = run.finish()
+    return compile_verdict(o, binary.is_file(), binary)
+
+
+def compile_verdict(o: RunOutcome, produced: bool, binary: Optional[Path]) -> Compiled:
+    """What a compiler run means; `produced`: whether it left the binary."""
     if o.sandbox_failed:
         return Compiled(False, None, o, o.sandbox_error, sandbox_error=True)
     if o.timed_out:
         return Compiled(False, None, o, "compiler timed out")
     if o.output_limit:
         return Compiled(False, None, o, "compiler output limit exceeded")
-    if not o.ok or not binary.is_file():
+    if not o.ok or not produced:
         mem = o.cgroup.memory_limit_hit or any(m in o.stderr for m in _OOM_MARKERS)
         return Compiled(False, None, o, "compiler ran out of memory" if mem else "compilation failed")
     return Compiled(True, binary, o)

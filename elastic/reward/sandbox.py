@@ -14,6 +14,11 @@ Layers, outermost first (see :mod:`elastic.reward.isolation` for detection):
 
 The scratch directory is fresh per run and removed afterwards (see :meth:`Sandbox.scratch`).
 
+An evaluation under bubblewrap does not use this per-process path for its own compile and
+runs: :mod:`elastic.reward.session` runs them all in one bubblewrap instance (same layers,
+one set-up, per-job limits and a wipe between jobs). This path serves the reference
+compile, the instruction-count timing mode and machines without bubblewrap.
+
 Per-run cost (figures: bench/reward_profile.py). A run is *prepared*, then *started*
 (:meth:`Sandbox.prepare`, :class:`PreparedRun`; :meth:`Sandbox.run` does both at once):
 
@@ -157,6 +162,7 @@ class Sandbox:
         self._retirer: Optional[threading.Thread] = None
         self._spare: Optional[_Launched] = None  # bwrap only: a launcher already attached, for the next run
         self._want_spare = self.launcher is not None and self.iso.wrapper == "bwrap"
+        self._session_spare = None  # session.py: the next session's launcher, attached ahead
         atexit.register(self.close)
         self.sweep_stale()
         self._restock()
@@ -242,11 +248,14 @@ class Sandbox:
             self._spare = _Launched(self, _clean_env(SANDBOX_DIR, "/tmp", self.env_allow), "/", False)
 
     def close(self) -> None:
-        """Drop the spare launcher and wait for finished runs' cgroups to go (at exit)."""
+        """Drop the spare launchers and wait for finished runs' cgroups to go (at exit)."""
         self._want_spare = False
         spare, self._spare = self._spare, None
         if spare is not None:
             _discard(spare)
+        session_spare, self._session_spare = self._session_spare, None
+        if session_spare is not None:
+            session_spare.discard()
         self.flush(2.0)
 
     def _maybe_sweep(self) -> None:

@@ -47,9 +47,12 @@ from typing import Iterator, List, Optional, Tuple
 from elastic.reward.problems import Problem
 from elastic.reward.programs import RunQueue, classify
 from elastic.reward.sandbox import Limits, Sandbox
+from elastic.reward.session import RunSession, SessionQueue, sessions_available
 
 GEN_BENCH_TIMEOUT_S = 300.0
-TIMING_VERSION = 2  # 2: wall clock starts at the release of an attached run (was: before fork + preexec_fn)
+# 3: wall clock of the in-sandbox runner (session.py), fork to reap;
+# 2: wall clock starts at the release of an attached run (was: before fork + preexec_fn)
+TIMING_VERSION = 3
 
 
 class ReferenceError_(RuntimeError):
@@ -146,11 +149,20 @@ _COUNT_RE = {"valgrind": re.compile(rb"Collected\s*:\s*(\d+)"), "perf": re.compi
 
 
 def bench_runs(sandbox: Sandbox, binary: Path, stdin: Path, mode: str, runs: int, warmup: int,
-               bench_limit_s: float, memory_mb: int, instructions_limit_s: float, cpu: Optional[int]) -> RunQueue:
-    """The runs :func:`measure` will time, launched now: attached and limited, waiting in the
-    launcher; bwrap sets each up only when it starts (inside its clock, like every timing)."""
+               bench_limit_s: float, memory_mb: int, instructions_limit_s: float, cpu: Optional[int],
+               session: Optional[RunSession] = None) -> "RunQueue | SessionQueue":
+    """The runs :func:`measure` will time. Wall mode: jobs of `session` (which must expose
+    `stdin`), else of a session opened here, so that a candidate and its reference are timed
+    the same way: the runner's clock, from its fork of the run to the reap. Without sessions:
+    launched now, attached and limited, waiting in the launcher; bwrap sets each up only when
+    it starts (inside its clock, like every timing)."""
     if mode == "wall":
         limits = Limits(wall_s=bench_limit_s, cpu_s=bench_limit_s, memory_mb=memory_mb)
+        if session is not None:
+            return SessionQueue(session, [stdin] * (warmup + runs), limits)
+        if sessions_available(sandbox):
+            own = RunSession(sandbox, [stdin], limits, cpu, binary=binary)
+            return SessionQueue(own, [stdin] * (warmup + runs), limits, owns=True)
         return RunQueue(sandbox, binary, [stdin] * (warmup + runs), limits, cpu, setup_ahead=False)
     tool = instruction_tool()
     if tool == "perf":
@@ -168,7 +180,7 @@ def bench_runs(sandbox: Sandbox, binary: Path, stdin: Path, mode: str, runs: int
 
 def measure(sandbox: Sandbox, binary: Path, stdin: Path, mode: str, runs: int, warmup: int,
             bench_limit_s: float, memory_mb: int, instructions_limit_s: float, cpu: Optional[int],
-            queue: Optional[RunQueue] = None) -> Measurement:
+            queue: "Optional[RunQueue | SessionQueue]" = None) -> Measurement:
     """Time `binary` on `stdin` in `mode`; the first run's output is kept for checking.
     `queue` is :func:`bench_runs` with the same arguments, launched earlier by the caller."""
     with (queue or bench_runs(sandbox, binary, stdin, mode, runs, warmup, bench_limit_s, memory_mb,
@@ -176,7 +188,7 @@ def measure(sandbox: Sandbox, binary: Path, stdin: Path, mode: str, runs: int, w
         return _measure(q, mode, runs, warmup)
 
 
-def _measure(q: RunQueue, mode: str, runs: int, warmup: int) -> Measurement:
+def _measure(q: "RunQueue | SessionQueue", mode: str, runs: int, warmup: int) -> Measurement:
     m = Measurement()
     limits = q.limits
     if mode == "wall":
