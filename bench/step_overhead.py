@@ -15,6 +15,8 @@ Each mode runs `--warmup` steps that are not counted, then `--steps` measured st
 modes alternate over `--reps` repetitions and the median is kept.
 
   .venv/bin/python bench/step_overhead.py                # prints a table, writes bench/results/step_overhead.json
+  .venv/bin/python bench/step_overhead.py --modes plain,fsdp1 --profile-steps 10 --out bench/results/step_profile.json
+                                                          # where fsdp1's extra time goes, per op
 """
 
 from __future__ import annotations
@@ -52,6 +54,28 @@ def _batch(args, batch: int, seq_len: int, seed: int):
             "doc_ids": np.zeros((batch, seq_len), np.int32)}
 
 
+class _Profile:
+    """With ``--profile-steps N``: torch.profiler (CPU) over the last N measured steps, reduced
+    to self CPU time per op and step (what the plain/fsdp1 comparison is made of)."""
+
+    def __init__(self, a) -> None:
+        self.n, self.start, self.prof = a.profile_steps, a.warmup + a.steps - a.profile_steps, None
+
+    def at(self, step: int) -> None:
+        if self.n and step == self.start:
+            from torch.profiler import ProfilerActivity, profile
+
+            self.prof = profile(activities=[ProfilerActivity.CPU])
+            self.prof.__enter__()
+
+    def result(self) -> dict:
+        if self.prof is None:
+            return {}
+        self.prof.__exit__(None, None, None)
+        ops = {e.key: e.self_cpu_time_total / self.n / 1e6 for e in self.prof.key_averages()}
+        return {"profile_self_s_per_step": ops}
+
+
 def child_plain(a) -> dict:
     """A loop anyone would write: model, AdamW, accumulate over micro-batches, clip, step."""
     import torch
@@ -68,7 +92,9 @@ def child_plain(a) -> dict:
     model.init_weights(seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95))
     times = []
+    prof = _Profile(a)
     for step in range(a.warmup + a.steps):
+        prof.at(step)
         rows = _batch(args, a.batch, a.seq_len, step)
         t0 = time.perf_counter()
         n = int((rows["labels"] != -100).sum())
@@ -82,7 +108,7 @@ def child_plain(a) -> dict:
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
-    return {"step_s": times[a.warmup:]}
+    return {"step_s": times[a.warmup:], **prof.result()}
 
 
 def child_fsdp1(a) -> dict:
@@ -106,7 +132,9 @@ def child_fsdp1(a) -> dict:
     model = parallelize(model, dev, torch.float32)
     opt = build_optimizer(model, 1e-3, 0.1, (0.9, 0.95), fused=False)
     times, phases = [], []
+    prof = _Profile(a)
     for step in range(a.warmup + a.steps):
+        prof.at(step)
         rows = _batch(args, a.batch, a.seq_len, step)
         timer = StepTimer(dev)
         t0 = time.perf_counter()
@@ -115,7 +143,8 @@ def child_fsdp1(a) -> dict:
         phases.append(timer.seconds())
     dist.destroy_process_group()
     split = {k: statistics.median(p.get(k, 0.0) for p in phases[a.warmup:]) for k in ("forward_s", "backward_s", "optimizer_s")}
-    return {"step_s": times[a.warmup:], "split": {**split, "step_s": statistics.median(times[a.warmup:])}}
+    return {"step_s": times[a.warmup:], "split": {**split, "step_s": statistics.median(times[a.warmup:])},
+            **prof.result()}
 
 
 def child_ray(a) -> dict:
@@ -148,6 +177,22 @@ def run_child(mode: str, a) -> dict:
     return json.loads(last[-1])
 
 
+def _profile_diff(runs: dict) -> dict:
+    """Self CPU per step, fsdp1 minus plain, summed over repetitions' medians: total and by op."""
+    def med(mode):
+        keys = set().union(*(r.get("profile_self_s_per_step", {}) for r in runs[mode]))
+        return {k: statistics.median(r.get("profile_self_s_per_step", {}).get(k, 0.0) for r in runs[mode]) for k in keys}
+    p, f = med("plain"), med("fsdp1")
+    diff = {k: f.get(k, 0.0) - p.get(k, 0.0) for k in set(p) | set(f)}
+    top = sorted(diff.items(), key=lambda kv: -abs(kv[1]))[:12]
+    tp, tf = sum(p.values()), sum(f.values())
+    print(f"\nprofiled self CPU per step: plain {tp * 1e3:.1f} ms, fsdp1 {tf * 1e3:.1f} ms "
+          f"(fsdp1 costs {tf / tp:.3f}x); largest differences (fsdp1 - plain, ms per step):")
+    for k, v in top:
+        print(f"  {v * 1e3:+8.2f}  {k}")
+    return {"plain_self_s": tp, "fsdp1_self_s": tf, "top": dict(top)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--child", choices=sorted(CHILDREN))
@@ -160,6 +205,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--modes", default="plain,fsdp1,ray")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override for the ray mode")
+    ap.add_argument("--profile-steps", type=int, default=0,
+                    help="plain and fsdp1: profile the last N measured steps (torch.profiler) and print where "
+                         "fsdp1's extra time goes, per op (its step times are then not comparable)")
     ap.add_argument("--out", default=os.path.join(REPO, "bench", "results", "step_overhead.json"))
     a = ap.parse_args(argv)
     if a.child:
@@ -182,6 +230,9 @@ def main(argv=None) -> int:
         vp = f"{tps[m] / tps['plain']:.2f}" if "plain" in tps else "-"
         vf = f"{tps[m] / tps['fsdp1']:.2f}" if "fsdp1" in tps else "-"
         print(f"{m:8s} {tps[m]:10.0f} {vp:>9s} {vf:>9s}")
+    profile = {}
+    if a.profile_steps and "plain" in runs and "fsdp1" in runs:
+        profile = _profile_diff(runs)
     if "ray" in runs:
         split = runs["ray"][-1]["split"]
         print("ray step split (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in split.items()))
@@ -190,6 +241,7 @@ def main(argv=None) -> int:
         json.dump({"args": {k: v for k, v in vars(a).items() if k != "child"}, "tokens_per_s": tps,
                    "ratios": {"fsdp1_vs_plain": tps.get("fsdp1", 0) / tps["plain"] if "plain" in tps else None,
                               "ray_vs_fsdp1": tps.get("ray", 0) / tps["fsdp1"] if "fsdp1" in tps else None},
+                   "profile_fsdp1_minus_plain": profile,
                    "runs": runs, "cpu_count": os.cpu_count(), "time": time.time()}, f, indent=2)
     print(f"wrote {a.out}")
     return 0

@@ -183,6 +183,27 @@ def test_grpo_reward_wait_bound():
     assert "reward.num_actors (now 2)" in d.lever and "6 evaluations/s" in d.evidence
 
 
+def test_grpo_generation_largest_below_threshold_is_named():
+    # 45% sampling, 40% log-probs + update: nothing is a finding, sampling is the larger part
+    d = run(Sim(grpo=True, profile=Profile(generate=4.5, reward_wait=1.0, logprob=1.0, update=3.0)))
+    assert d.name == "generation"
+    assert 0.4 < d.score < 0.5
+    assert "below its 50%" in d.evidence and "rl.max_new_tokens" in d.lever
+
+
+def test_grpo_loss_jumps_are_not_instability():
+    # the surrogate loss (not the gradient norm) jumps on steps 30, 60, 90: in pretraining
+    # records those are spikes, in GRPO records they are not
+    for grpo, expected in ((True, "compute"), (False, "instability")):
+        prof = Profile(generate=0.5, reward_wait=0.05, logprob=0.5, update=2.0)
+        metrics, events, _ = simulate(Sim(grpo=grpo, profile=prof))
+        for r in metrics:
+            if r["step"] in (30, 60, 90):
+                r["loss"] = 3 * abs(r["loss"]) + 1.0
+        d = diagnose(metrics, events, None, CFG)
+        assert d.name == expected, (grpo, d.name, d.evidence)
+
+
 def test_grpo_update_bound_is_compute():
     d = run(Sim(grpo=True, profile=Profile(generate=0.5, reward_wait=0.05, logprob=0.5, update=2.0)))
     assert d.name == "compute"

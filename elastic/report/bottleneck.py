@@ -25,7 +25,12 @@ reaches its threshold:
                  A "stop" event whose reason names bad steps, NaN, divergence or
                  spikes makes it 100%: the run ended on it.
   memory         peak reserved (else allocated) / device memory            ≥ 90%
-  compute        the fallback: named when nothing above is a finding.
+  compute        the fallback: named when nothing above is a finding (GRPO: when the
+                 log-prob and update passes cost more than sampling; else generation
+                 is named below its threshold, as the largest part of the step).
+
+For GRPO runs loss spikes are not counted (the loss is a surrogate around zero whose sign
+follows the advantages); gradient-norm spikes, skipped and non-finite steps are.
 
 Time shares use the steady steps: the first step of every worker-group attempt (pipeline
 start-up, compilation, a resumed stream) is left out; those costs show up in goodput instead.
@@ -209,7 +214,13 @@ def stability_figures(steps: Sequence[Dict[str, Any]], events: Sequence[Dict[str
     bad_ev = {int(e["step"]) for e in events if e.get("event") == "bad_step" and _num(e.get("step"))}
     spike_ev = {int(e["step"]) for e in events if e.get("event") == "loss_spike" and _num(e.get("step"))}
     st = [r["step"] for r in steps]
-    loss_sp = spikes.upward_spikes(st, [r.get("loss") for r in steps], spikes.LOSS_Z, spikes.LOSS_MIN_REL)
+    # A GRPO loss is a policy-gradient surrogate around zero whose sign follows the advantages:
+    # its jumps are not divergence. GRPO instability shows in gradient norms and bad steps.
+    grpo = any("generate_s" in r for r in steps)
+    if grpo:
+        spike_ev = set()
+    loss_sp = [] if grpo else spikes.upward_spikes(st, [r.get("loss") for r in steps], spikes.LOSS_Z,
+                                                  spikes.LOSS_MIN_REL)
     grad_sp = spikes.upward_spikes(st, [r.get("grad_norm") for r in steps], spikes.GRAD_Z, spikes.GRAD_MIN_REL)
     stop_bad = [e for e in events if e.get("event") == "stop" and STOP_INSTABILITY.search(str(e.get("reason", "")))]
     affected = skipped | nonfinite | bad_ev | spike_ev | {s for s, _ in loss_sp} | {s for s, _ in grad_sp}
@@ -358,13 +369,7 @@ def diagnose(metrics: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]]
                              "the failure rate: steps after the last checkpoint are redone after a restart"))
     s = tf["generate_share"]
     if s is not None and s >= THRESHOLDS["generation"]:
-        extra = f", {tf['gen_tokens_per_s_mean']:.0f} generated tokens/s" if _num(tf["gen_tokens_per_s_mean"]) else ""
-        extra += f", {_pct(tf['trunc_rate_mean'])} of completions truncated" if _num(tf["trunc_rate_mean"]) else ""
-        found.append(Finding("generation", s, THRESHOLDS["generation"],
-                             f"sampling completions took {_pct(s)} of GRPO step time{extra}.",
-                             f"shorter completions: rl.max_new_tokens{_now(config, 'rl.max_new_tokens')}; fewer per step: "
-                             f"rl.group_size{_now(config, 'rl.group_size')} × rl.prompts_per_step"
-                             f"{_now(config, 'rl.prompts_per_step')}; or a faster batched KV-cache sampler"))
+        found.append(_generation(tf, config))
     s = tf["reward_wait_share"]
     if s is not None and s >= THRESHOLDS["reward_wait"]:
         rate = f" at {tf['reward_evals_per_s_mean']:.3g} evaluations/s" if _num(tf["reward_evals_per_s_mean"]) else ""
@@ -387,9 +392,33 @@ def diagnose(metrics: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]]
                              f"train.activation_checkpointing: full{_now(config, 'train.activation_checkpointing')} or a "
                              f"smaller train.micro_batch_size{_now(config, 'train.micro_batch_size')}"))
     if not found:
-        found.append(_compute(tf, device, config))
+        found.append(_grpo_largest_part(tf, config) or _compute(tf, device, config))
     top = found[0]
     return Diagnosis(top.name, top.score, top.threshold, top.evidence, top.lever, device, len(steady), found, figures)
+
+
+def _generation(tf: Dict[str, Any], config: Optional[Dict[str, Any]]) -> Finding:
+    s = tf["generate_share"]
+    extra = f", {tf['gen_tokens_per_s_mean']:.0f} generated tokens/s" if _num(tf["gen_tokens_per_s_mean"]) else ""
+    extra += f", {_pct(tf['trunc_rate_mean'])} of completions truncated" if _num(tf["trunc_rate_mean"]) else ""
+    below = "" if s >= THRESHOLDS["generation"] else (
+        f" Nothing reaches its threshold; sampling (below its {_pct(THRESHOLDS['generation'])}) is the largest part, "
+        f"log-probs and updates {_pct(tf['compute_share'])}.")
+    return Finding("generation", s, THRESHOLDS["generation"],
+                   f"sampling completions took {_pct(s)} of GRPO step time{extra}.{below}",
+                   f"shorter completions: rl.max_new_tokens{_now(config, 'rl.max_new_tokens')}; fewer per step: "
+                   f"rl.group_size{_now(config, 'rl.group_size')} × rl.prompts_per_step"
+                   f"{_now(config, 'rl.prompts_per_step')}; or a faster batched KV-cache sampler")
+
+
+def _grpo_largest_part(tf: Dict[str, Any], config: Optional[Dict[str, Any]]) -> Optional[Finding]:
+    """GRPO's fallback: when nothing is a finding, the larger of sampling and the training
+    passes (log-probs + update) limits the step, so name sampling when it is the larger; a
+    plain "compute" would point at the update's levers while sampling costs more."""
+    g, c = tf["generate_share"], tf["compute_share"]
+    if _num(g) and (not _num(c) or g >= c):
+        return _generation(tf, config)
+    return None
 
 
 def _compute(tf: Dict[str, Any], device: str, config: Optional[Dict[str, Any]]) -> Finding:

@@ -35,7 +35,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 log = logging.getLogger("elastic.reward")
 
@@ -151,8 +151,6 @@ int main(int argc, char **argv) {
 
 EXIT_LAUNCHER_FAILED = 125
 READY_MARK = b"+"
-_BUILT: Optional[str] = None
-_TRIED = False
 
 
 def _sweep_dead_builds(root: str) -> None:
@@ -168,35 +166,29 @@ def _sweep_dead_builds(root: str) -> None:
                 shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
+_BUILDS: Dict[str, Optional[str]] = {}  # helper name -> its path in this process (None: gcc failed)
+
+
 def build(scratch_root: Optional[str] = None) -> Optional[str]:
-    """Path of this process's compiled shim, building it on first use; None if gcc fails."""
-    global _BUILT, _TRIED
-    if _TRIED:
-        return _BUILT
-    _TRIED = True
-    _BUILT = _compile("launcher", SOURCE, scratch_root)
-    if _BUILT is None:
-        log.warning("sandbox launcher could not be built; spawning with preexec_fn (same limits, slower fork)")
-    return _BUILT
-
-
-_RUNNER: Optional[str] = None
-_RUNNER_TRIED = False
+    """Path of this process's compiled shim, building it on first use; None if gcc fails
+    (the sandbox then spawns with preexec_fn: same limits, slower fork)."""
+    return _build_once("launcher", SOURCE, scratch_root)
 
 
 def build_runner(scratch_root: Optional[str] = None) -> Optional[str]:
     """Path of this process's compiled in-sandbox runner (:mod:`elastic.reward.runner_source`),
-    built on first use; None if gcc fails (each run then gets its own sandbox, as before)."""
-    global _RUNNER, _RUNNER_TRIED
-    if _RUNNER_TRIED:
-        return _RUNNER
-    _RUNNER_TRIED = True
+    built on first use; None if gcc fails (each process then gets its own sandbox, slower)."""
     from elastic.reward.runner_source import SOURCE as RUNNER_SOURCE
 
-    _RUNNER = _compile("runner", RUNNER_SOURCE, scratch_root)
-    if _RUNNER is None:
-        log.warning("sandbox runner could not be built; every run gets its own sandbox (slower)")
-    return _RUNNER
+    return _build_once("runner", RUNNER_SOURCE, scratch_root)
+
+
+def _build_once(name: str, source: str, scratch_root: Optional[str]) -> Optional[str]:
+    if name not in _BUILDS:
+        _BUILDS[name] = _compile(name, source, scratch_root)
+        if _BUILDS[name] is None:
+            log.warning("sandbox %s could not be built: the sandbox falls back to a slower path", name)
+    return _BUILDS[name]
 
 
 def _compile(name: str, source: str, scratch_root: Optional[str]) -> Optional[str]:

@@ -516,16 +516,21 @@ def _discard(L: "_Launched") -> None:
             pass
     L.fds.clear()
     if L.proc is not None:
-        try:
-            L.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            L.proc.kill()
-            L.proc.wait()
-        for f in (L.proc.stdout, L.proc.stderr):
-            if f is not None:
-                f.close()
+        reap_cancelled(L.proc)
     if L.cg is not None:
         L.cg.remove()
+
+
+def reap_cancelled(proc: subprocess.Popen) -> None:
+    """Reap a launcher whose message pipe was closed (it exits at once) and close its pipes."""
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    for f in (proc.stdin, proc.stdout, proc.stderr):
+        if f is not None:
+            f.close()
 
 
 class _Launched:

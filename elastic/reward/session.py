@@ -30,7 +30,7 @@ from typing import Dict, List, Optional
 from elastic.reward import launcher
 from elastic.reward.cgroups import CgroupStats, RunCgroup
 from elastic.reward.isolation import BWRAP_BASE, log
-from elastic.reward.sandbox import SANDBOX_DIR, Limits, RunOutcome, Sandbox, _clean_env
+from elastic.reward.sandbox import SANDBOX_DIR, Limits, RunOutcome, Sandbox, _clean_env, reap_cancelled
 
 RUNNER_DIR = "/.runner"
 BINARY_DIR = "/.binary"
@@ -102,14 +102,7 @@ class _Spawned:
                 os.close(fd)
         self.msg_w = self.launch_r = None
         if self.proc is not None:
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
-                if f is not None:
-                    f.close()
+            reap_cancelled(self.proc)
         if self.cg is not None:
             self.cg.remove()
 
