@@ -11,8 +11,9 @@ each cost of a sandboxed run separately, plus the same work without a sandbox:
 * per-run bookkeeping: cgroup create/remove, scratch dir create/remove, the per-run sweep
   check, a full sweep (with the host's /tmp, and with 10,000 entries), counting the user's
   tasks in /proc (what a non-root sandbox needs for RLIMIT_NPROC);
-* one test run of the candidate: launched and set up ahead then started (as the evaluator
-  runs tests), launched and started at once, and plain ``subprocess`` (interleaved);
+* one test run of the candidate: launched and set up ahead then started (the per-process
+  path), launched and started at once, as a job of a sandbox session (what an evaluation
+  does now, session.py), and plain ``subprocess``;
 * compile: sandboxed (on the sandbox's spare launcher) against plain gcc (interleaved);
 * one whole evaluation (``timing_runs=1``), and Ray's round trip for a no-op actor call.
 
@@ -69,6 +70,7 @@ def profile(problem_dir: str, n: int) -> Dict[str, Any]:
     from elastic.reward.evaluator import evaluate
     from elastic.reward.problems import load_problem
     from elastic.reward.programs import COMPILE, compile_limits, compiled, prepare_binary, run_limits
+    from elastic.reward.session import RunSession, sessions_available
     from elastic.reward.sandbox import Sandbox, _user_tasks
     from elastic.reward.settings import EvalSettings
 
@@ -86,9 +88,18 @@ def profile(problem_dir: str, n: int) -> Dict[str, Any]:
              "spawn /bin/true: fork+preexec_fn (before)": lambda: subprocess.Popen(
                  ["/bin/true"], start_new_session=True, preexec_fn=pre).wait()}
     if sb.launcher:
-        argv = launcher.argv(sb.launcher, 2, [], [(resource.RLIMIT_NOFILE, 64, 64)], cpu)
-        spawn["spawn /bin/true: vfork+launcher (now)"] = lambda: subprocess.Popen(
-            argv + ["/bin/true"], start_new_session=True).wait()
+        def via_launcher() -> None:  # spawn, then the message (rlimits, pin, command) and exec
+            err_r, err_w = os.pipe()
+            msg_r, msg_w = os.pipe()
+            p = subprocess.Popen(launcher.argv(sb.launcher, err_w, msg_r, []), start_new_session=True,
+                                 pass_fds=(err_w, msg_r))
+            os.close(err_w)
+            os.close(msg_r)
+            os.write(msg_w, launcher.message(["/bin/true"], [(resource.RLIMIT_NOFILE, 64, 64)], cpu))
+            os.close(msg_w)
+            p.wait()
+            os.close(err_r)
+        spawn["spawn /bin/true: vfork+launcher (now)"] = via_launcher
     if sb.iso.wrapper == "bwrap":
         from elastic.reward.isolation import BWRAP_BASE
 
@@ -169,6 +180,15 @@ def profile(problem_dir: str, n: int) -> Dict[str, Any]:
         out["  of which the program's wall clock (release -> exit)"] = med(child)
         out["test run launched and started at once (launch, attach, set-up, run)"] = med(at_once)
         out["test run plain subprocess"] = med(plain)
+        if sessions_available(sb):  # what an evaluation does now: every run a job of one sandbox
+            with RunSession(sb, [inp], limits, cpu, binary=c.binary) as session:
+                session.run(inp, limits)  # the sandbox's start-up is the evaluation's, once
+                jobs = []
+                for _ in range(n):
+                    t0 = time.perf_counter()
+                    assert session.run(inp, limits).ok
+                    jobs.append(time.perf_counter() - t0)
+            out["test run as a job of the evaluation's sandbox session: sent -> answered (wiped)"] = med(jobs)
 
     argv, name = COMPILE[lang]
 
