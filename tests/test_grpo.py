@@ -8,6 +8,7 @@ two runs that sample the same programs get the same rewards and must compute the
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -40,6 +41,10 @@ def policy(ray_local, tmp_path_factory):
 
 
 def grpo_overrides(store, name, policy, steps, **extra):
+    return load_config(None, grpo_override_list(store, name, policy, steps, **extra), job="grpo")
+
+
+def grpo_override_list(store, name, policy, steps, **extra):
     o = {"run.storage_path": str(store), "run.name": name, "model.init_from": policy, "rl.problems": PROBLEMS,
          "rl.heldout": "[range-sum]", "rl.eval_every": 2, "rl.prompts_per_step": 2, "rl.group_size": 4,
          "rl.max_new_tokens": 200, "rl.micro_batch_size": 2, "rl.updates_per_rollout": 2, "rl.kl_coef": 0.05,
@@ -47,7 +52,7 @@ def grpo_overrides(store, name, policy, steps, **extra):
          "checkpoint.every_steps": 1, "wandb.mode": "disabled", "reward.num_actors": 2, "reward.timing": "instructions",
          "reward.timing_runs": 1, "reward.warmup_runs": 0, "scaling.min_workers": 2, "scaling.max_workers": 2}
     o.update(extra)
-    return load_config(None, _ov(o), job="grpo")
+    return _ov(o)
 
 
 def _rollouts(path):
@@ -131,9 +136,9 @@ def _steps_done(path):
 def test_grpo_survives_a_killed_train_worker_mid_rollout_and_a_killed_reward_actor(policy, baseline, tmp_path):
     """One run, two faults: a train worker is SIGKILLed while step 2's completions are being
     scored (mid-rollout), and after the restart a reward actor is SIGKILLed while it evaluates
-    a program of step 3. The run finishes on its own; every completion is trained on exactly once
-    (ledger); the rewards and losses are the undisturbed run's (a restarted step samples the same
-    programs; a killed evaluation is retried, never scored as a wrong program)."""
+    a program of step 3 or 4. The run finishes on its own; every completion is trained on
+    exactly once (ledger); the rewards and losses are the undisturbed run's (a restarted step
+    samples the same programs; a killed evaluation is retried, never scored as a wrong program)."""
     import threading
 
     from elastic.launch.recovery import analyze
@@ -152,12 +157,14 @@ def test_grpo_survives_a_killed_train_worker_mid_rollout_and_a_killed_reward_act
         kill_pid(worker)
         done["worker"] = worker
 
-        # Fault 2: a new worker group runs, step 2 is done again, step 3's programs are being scored.
-        def step3_scoring():
+        # Fault 2: a new worker group runs, step 2 is done again, and a program of step 3 or 4 is
+        # being scored (programs the run already scored are not evaluated again, so one step's
+        # window can be short).
+        def later_scoring():
             now, steps = set(_train_worker_pids()), _steps_done(metrics)
-            return now and not (now & first) and 2 in steps and 3 not in steps and evaluating_actor_pids()
+            return now and not (now & first) and 2 in steps and 4 not in steps and evaluating_actor_pids()
 
-        if not wait_until(step3_scoring, 300, every_s=0.01):
+        if not wait_until(later_scoring, 300, every_s=0.01):
             return
         actor = evaluating_actor_pids()[0]
         kill_pid(actor)
@@ -185,6 +192,51 @@ def test_grpo_survives_a_killed_train_worker_mid_rollout_and_a_killed_reward_act
     ma = read_jsonl(baseline / "a" / "metrics.jsonl")
     assert sorted(final) == [1, 2, 3, 4]
     np.testing.assert_allclose([final[s]["loss"] for s in (1, 2, 3, 4)], [r["loss"] for r in ma], rtol=1e-6, atol=1e-9)
+
+
+def test_grpo_resizes_and_survives_a_node_loss(policy, baseline, tmp_path):
+    """`jobs/grpo.py` on a real multi-node cluster (`ray start` nodes), scaling.min/max_workers
+    1/2: it starts on the head's one trainer slot, grows to 2 workers when a node joins, and
+    goes on at 1 when that node's processes are killed (its worker and whatever reward actor
+    ran there). The run finishes with every completion trained on exactly once (ledger) and
+    each step on the undisturbed run's prompts (one global prompt cursor, whatever the world
+    size). The sampled programs themselves need not be bit-identical across world sizes: one
+    rank sampling a group in one batch, or two ranks each half of it, take different matmul
+    paths (measured: step 1, before any update, gave 7 of 8 identical programs)."""
+    from elastic.launch import ledger
+    from elastic.launch.drill import Job
+    from elastic.launch.local_cluster import LocalCluster
+    from elastic.launch.recovery import analyze
+
+    steps = 26  # ~2 s each; the resize came ~20 s after the node joined, the restart after the loss ~40 s
+    storage = str(tmp_path / "runs")
+    extra = {"scaling.min_workers": 1, "scaling.max_workers": 2, "scaling.resources_per_worker": "{trainer: 1}",
+             "scaling.elastic_resize_monitor_interval_s": 3, "scaling.max_failures": 10,
+             "scaling.worker_group_start_timeout_s": 20}
+    cluster = LocalCluster(head_cpus=4, head_resources={"trainer": 1},
+                           env={"PYTHONPATH": str(REPO), "RAY_TRAIN_ENABLE_STATE_TRACKING": "0"}).start()
+    try:
+        job = Job(cluster, storage, "e", grpo_override_list(storage, "e", policy, steps, **extra),
+                  str(tmp_path / "e.log"), script="grpo.py")
+        t0 = time.time()
+        job.wait_for(lambda: job.steps_at(1, t0) >= 1, "a step at world size 1", 600)
+        node = cluster.add_node(num_cpus=1, resources={"trainer": 1})
+        t_add = time.time()
+        job.wait_for(lambda: job.steps_at(2, t_add) >= 1, "a step at world size 2", 600)
+        node.kill()
+        assert job.finish(600) == 0, open(tmp_path / "e.log").read()[-3000:]
+    finally:
+        cluster.stop()
+    run = tmp_path / "runs" / "e"
+    restarts = analyze(str(run))["restarts"]
+    assert [(r["cause"], r["world_size_before"], r["world_size_after"]) for r in restarts][:2] == \
+           [("resize", 1, 2), ("failure", 2, 1)], restarts
+    chk = ledger.check(str(run / "ledger.jsonl"), 8, steps)
+    assert chk["ok"] and chk["world_sizes"] == [1, 2], chk
+    ra, re_ = _rollouts(baseline / "a" / "rollouts.jsonl"), _rollouts(run / "rollouts.jsonl")
+    assert sorted(re_) == [(s, k) for s in range(1, steps + 1) for k in range(8)]
+    assert {k: v["problem"] for k, v in re_.items() if k[0] <= STEPS} == {k: v["problem"] for k, v in ra.items()}
+    assert all(v["status"] != "sandbox_error" for v in re_.values())
 
 
 def test_grpo_bad_input_is_one_line_before_workers_start(policy, tmp_path):

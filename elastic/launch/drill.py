@@ -44,13 +44,14 @@ def drill_overrides(storage: str, name: str, steps: int, min_w: int, max_w: int,
 
 
 class Job:
-    """The pretraining driver as a subprocess attached to the cluster."""
+    """A job's driver (`jobs/<script>`, default pretraining) as a subprocess attached to the cluster."""
 
-    def __init__(self, cluster: LocalCluster, storage: str, name: str, overrides: List[str], log: str):
+    def __init__(self, cluster: LocalCluster, storage: str, name: str, overrides: List[str], log: str,
+                 script: str = "pretrain.py"):
         self.dir = os.path.join(storage, name)
         env = {**os.environ, **cluster.env, "RAY_ADDRESS": cluster.address,
                "PYTHONPATH": os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]), "WANDB_MODE": "disabled"}
-        args = [sys.executable, os.path.join(REPO, "jobs", "pretrain.py")]
+        args = [sys.executable, os.path.join(REPO, "jobs", script)]
         for o in overrides:
             args += ["--set", o]
         self.log = log

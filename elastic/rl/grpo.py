@@ -137,6 +137,7 @@ class GRPOJob(Job):
 
     # ------------------------------------------------------------------ setup
     def start(self, ctx: WorkerContext, state: Dict[str, Any]) -> None:
+        self._unledgered: List[int] = []  # see consumed_sample_ids
         from elastic.reward.service import connect
 
         self.ctx = ctx
@@ -189,6 +190,10 @@ class GRPOJob(Job):
         self._metrics["logprob_s"] = time.perf_counter() - t0
         outcome = self._collect_rewards(step, prompts, rollouts)
         by_k = {r.k: r for r in rollouts}
+        G = rl.group_size
+        # The ledger gets every completion this rank sampled for the step, once: with the first
+        # update, or (every group filtered: no update at all) through consumed_sample_ids().
+        all_ids = [completion_id(prompts[group_of(k, G)[0]][0], group_of(k, G)[1], G) for k in ks]
         first = True
         for _ in range(rl.updates_per_rollout):
             for m, part in enumerate(self.mine):
@@ -199,13 +204,17 @@ class GRPOJob(Job):
                 self._counts = StepCounts(sequences=len(kept), tokens=max(1, int(outcome.lengths[kept].sum())),
                                           max_new_tokens=rl.max_new_tokens)
                 rows = [by_k[k] for k in part]
-                ids = [completion_id(prompts[group_of(k, rl.group_size)[0]][0], group_of(k, rl.group_size)[1], rl.group_size)
-                       for k in part] if first else []
+                ids = all_ids if first else []
                 first = False
                 yield Update(micro_batches=self._micro_batches(rows, outcome), normaliser=1.0,
                              tokens=int(sum(len(r.tokens) for r in rows)), sample_ids=ids)
+        self._unledgered = all_ids if first else []
         self.reward.forget([r.key for r in rollouts])
         self._cursor = (step + 1) * rl.prompts_per_step
+
+    def consumed_sample_ids(self) -> List[int]:
+        ids, self._unledgered = self._unledgered, []
+        return ids
 
     def _generate(self, step: int, prompts: List[Tuple[int, str]], ks: List[int]) -> List[Rollout]:
         from elastic.train.fsdp_generate import fsdp_generate

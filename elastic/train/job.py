@@ -73,6 +73,11 @@ class Job:
         """Extra fields for the metrics record of the step just trained."""
         return {}
 
+    def consumed_sample_ids(self) -> List[int]:
+        """Ids the step just run consumed without handing them to an update (e.g. GRPO groups
+        that were all filtered out): the ledger records them with the step all the same."""
+        return []
+
     def evaluate(self, step: int) -> Dict[str, Any]:
         """Held-out figures at `step` (every rank calls it; may run collectives); {} = none."""
         return {}

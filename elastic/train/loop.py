@@ -287,6 +287,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
                     grad_norm, skipped = out.grad_norm, skipped or out.skipped
                     tokens += upd.tokens
                     sample_ids += upd.sample_ids
+                sample_ids += job.consumed_sample_ids()
             local_s = time.perf_counter() - t0
             # One small collective: global tokens and the slowest rank's time (also a barrier).
             gathered = torch.zeros(2 * world, dtype=torch.float64)
