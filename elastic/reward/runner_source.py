@@ -247,6 +247,7 @@ int main(int argc, char **argv) {
             snprintf(dir, sizeof dir, "/sandbox/run%d", job);
             if (mkdir(dir, 0700) != 0) die("mkdir");
             char link[96]; snprintf(link, sizeof link, "%s/prog", dir);
+            /* the run execs the sealed memfd (or `binary`); ./prog is there for programs that look */
             if (symlink(binary ? binary : "/proc/self/exe", link) != 0) die("symlink");
         }
         int po[2], pe[2], px[2];

@@ -1,19 +1,21 @@
-"""One sandbox for every run of one binary: the parent side of the in-sandbox runner.
+"""One sandbox per evaluation: the parent side of the in-sandbox runner.
 
-Each run used to get its own bubblewrap instance and cgroup; that set-up cost more than the
-short test runs it wrapped, and scaled badly across parallel evaluators (the kernel's mount
-and cgroup paths). A :class:`RunSession` starts one bubblewrap instance per evaluated binary,
-with the runner of :mod:`elastic.reward.runner_source` as its PID 1, in one cgroup, launched
-by the same trusted shim as single runs (cgroup attach, rlimits, CPU pin before bwrap). Every
-job (a test, a warm-up or a timed run) still has its own rlimits, fresh working directory,
-stdin, output caps and wall clock, is killed with everything it started when it ends, and
-gets its own memory evidence: the cgroup's peak and failure counters are reset before each
-job and read after it.
+Each compile and each run used to get its own bubblewrap instance and cgroup; that set-up cost
+more than the short test runs it wrapped, and scaled badly across parallel evaluators (the
+kernel's mount and cgroup paths). A :class:`RunSession` starts one bubblewrap instance per
+evaluation, with the runner of :mod:`elastic.reward.runner_source` as its PID 1, in one cgroup,
+launched by the same trusted shim as single runs (cgroup attach and rlimits before bwrap; the
+next session's shim is attached ahead, see ``_Spawned``). Every job (the compile, a test, a
+warm-up or a timed run) still has its own rlimits, CPU pin (runs), fresh working directory,
+stdin, output caps and wall clock, is killed with everything it started when it ends, and gets
+its own cgroup limits and memory evidence: the limits are rewritten and the peak and failure
+counters reset before each job, and read after it.
 
 Layers are the ones :class:`elastic.reward.sandbox.Sandbox` reports; the difference is that
-consecutive runs of the *same* program share the namespaces (never two programs).
-Only under bubblewrap with the launcher and the runner built; otherwise callers use
-:class:`elastic.reward.programs.RunQueue` (a sandbox per run).
+the jobs of one evaluation (one program) share the namespaces, never two programs; the runner
+wipes what a job could leave for the next (runner_source.py). Only under bubblewrap with the
+launcher and the runner built; otherwise callers use the per-process path
+(:class:`elastic.reward.programs.RunQueue`, one sandbox per process).
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ class RunSession:
     def __init__(self, sandbox: Sandbox, inputs: List[Path], limits: Limits, cpu: Optional[int],
                  binary: Optional[Path] = None, build_dir: Optional[Path] = None) -> None:
         assert (binary is None) != (build_dir is None), "a binary to run, or a directory to build one in"
-        self.sb, self.envelope, self.cpu = sandbox, limits, cpu
+        self.sb, self.cpu = sandbox, cpu
         self.error = ""
         self._ready = False
         self._closed = False
