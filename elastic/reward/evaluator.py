@@ -1,7 +1,7 @@
 """evaluate(problem, candidate_source) -> Result: compile, test, time, score.
 
-Steps (the compile in a fresh sandbox, see sandbox.py; every run of the compiled program in
-one sandbox session, each run with its own directory, limits and clock, see session.py):
+Steps (under bubblewrap with wall-clock timing all in one sandbox session, each job with its
+own directory, limits and clock, see session.py; otherwise each in a fresh sandbox, sandbox.py):
 
 1. compile the candidate (language from the fence tag, default the problem's);
 2. run every test in name order with the problem's time and memory limits; stop at the

@@ -162,7 +162,7 @@ class Sandbox:
         self._retirer: Optional[threading.Thread] = None
         self._spare: Optional[_Launched] = None  # bwrap only: a launcher already attached, for the next run
         self._want_spare = self.launcher is not None and self.iso.wrapper == "bwrap"
-        self._session_spare = None  # session.py: the next session's launcher, attached ahead
+        self._session_spare: Optional[_Launched] = None  # session.py: the next session's launcher
         atexit.register(self.close)
         self.sweep_stale()
         self._restock()
@@ -255,7 +255,7 @@ class Sandbox:
             _discard(spare)
         session_spare, self._session_spare = self._session_spare, None
         if session_spare is not None:
-            session_spare.discard()
+            _discard(session_spare)
         self.flush(2.0)
 
     def _maybe_sweep(self) -> None:
@@ -534,9 +534,12 @@ def reap_cancelled(proc: subprocess.Popen) -> None:
 
 
 class _Launched:
-    """A launcher process: attached to its fresh cgroup, waiting for its message (launcher.py)."""
+    """A launcher process: attached to its fresh cgroup, waiting for its message (launcher.py).
 
-    def __init__(self, sb: Sandbox, env: Dict[str, str], cwd: str, want_log: bool) -> None:
+    With `session` it is the launcher of a sandbox session (session.py): its stdin is a pipe
+    (the runner's job channel) and bwrap gets no status or block fd."""
+
+    def __init__(self, sb: Sandbox, env: Dict[str, str], cwd: str, want_log: bool, session: bool = False) -> None:
         self.cg: Optional[RunCgroup] = None
         self.proc: Optional[subprocess.Popen] = None
         self.fds: List[int] = []  # parent-side ends, closed by the owner
@@ -563,7 +566,7 @@ class _Launched:
             msg_r, self.msg_w = os.pipe()
             self.fds.append(self.msg_w)
             child.append(msg_r)
-            if sb.iso.wrapper == "bwrap":
+            if sb.iso.wrapper == "bwrap" and not session:
                 self.status_r, self.status_w = pipe()
                 self.block_r, self.block_w = os.pipe()
                 self.fds.append(self.block_w)
@@ -574,7 +577,8 @@ class _Launched:
             assert sb.launcher is not None
             try:
                 self.proc = subprocess.Popen(
-                    launcher.argv(sb.launcher, launch_w, msg_r, procs, self.block_r), stdin=subprocess.DEVNULL,
+                    launcher.argv(sb.launcher, launch_w, msg_r, procs, self.block_r),
+                    stdin=subprocess.PIPE if session else subprocess.DEVNULL, bufsize=0 if session else -1,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True,
                     pass_fds=tuple(child), close_fds=True)
             except OSError as e:

@@ -5,7 +5,7 @@ more than the short test runs it wrapped, and scaled badly across parallel evalu
 kernel's mount and cgroup paths). A :class:`RunSession` starts one bubblewrap instance per
 evaluation, with the runner of :mod:`elastic.reward.runner_source` as its PID 1, in one cgroup,
 launched by the same trusted shim as single runs (cgroup attach and rlimits before bwrap; the
-next session's shim is attached ahead, see ``_Spawned``). Every job (the compile, a test, a
+next session's shim is attached ahead, see ``_take_launched``). Every job (the compile, a test, a
 warm-up or a timed run) still has its own rlimits, CPU pin (runs), fresh working directory,
 stdin, output caps and wall clock, is killed with everything it started when it ends, and gets
 its own cgroup limits and memory evidence: the limits are rewritten and the peak and failure
@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from elastic.reward import launcher
-from elastic.reward.cgroups import CgroupStats, RunCgroup
+from elastic.reward.cgroups import CgroupStats
 from elastic.reward.isolation import BWRAP_BASE, log
-from elastic.reward.sandbox import SANDBOX_DIR, Limits, RunOutcome, Sandbox, _clean_env, reap_cancelled
+from elastic.reward.sandbox import SANDBOX_DIR, Limits, RunOutcome, Sandbox, _clean_env, _discard, _Launched
 
 RUNNER_DIR = "/.runner"
 BINARY_DIR = "/.binary"
@@ -60,68 +60,24 @@ def _cgroup_memory(limits: Limits) -> int:
     return (limits.memory_mb + limits.scratch_mb * 2 + 64) << 20  # as Sandbox does per run
 
 
-class _Spawned:
-    """A launcher process attached to its fresh cgroup, waiting for its message (the bwrap
-    command line). Made ahead of time: the attach's RCU grace period passes off any run's
-    critical path (see launcher.py)."""
-
-    def __init__(self, sandbox: Sandbox) -> None:
-        self.cg: Optional[RunCgroup] = None
-        self.proc: Optional[subprocess.Popen] = None
-        self.error = ""
-        self.launch_r: Optional[int] = None
-        self.msg_w: Optional[int] = None
-        factory = sandbox.iso.cgroups
-        if factory is not None and (factory.pids or factory.memory):
-            try:
-                self.cg = factory.create(64, 256 << 20)  # the real limits are written per job
-            except OSError as e:
-                log.warning("SANDBOX WARNING: could not create a run cgroup (%s); running without one", e)
-        launch_r, launch_w = os.pipe()
-        msg_r, msg_w = os.pipe()
-        self.launch_r, self.msg_w = launch_r, msg_w
-        try:
-            procs = self.cg.procs_files() if self.cg is not None else []
-            assert sandbox.launcher is not None
-            self.proc = subprocess.Popen(
-                launcher.argv(sandbox.launcher, launch_w, msg_r, procs), stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/",
-                env=_clean_env(SANDBOX_DIR, "/tmp", sandbox.env_allow), start_new_session=True,
-                pass_fds=(launch_w, msg_r), close_fds=True, bufsize=0)
-        except OSError as e:
-            self.error = f"session spawn failed: {e}"
-        finally:
-            os.close(launch_w)
-            os.close(msg_r)
-
-    def usable(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None and not self.error
-
-    def discard(self) -> None:
-        """EOF on the message pipe: the launcher exits without running anything."""
-        for fd in (self.msg_w, self.launch_r):
-            if fd is not None:
-                os.close(fd)
-        self.msg_w = self.launch_r = None
-        if self.proc is not None:
-            reap_cancelled(self.proc)
-        if self.cg is not None:
-            self.cg.remove()
-
-
-def _take_spawned(sandbox: Sandbox) -> _Spawned:
-    """The sandbox's spare session launcher (attached long ago) if it is alive, else a new one."""
+def _take_launched(sandbox: Sandbox) -> _Launched:
+    """The sandbox's spare session launcher (attached during the previous evaluation, so the
+    attach's RCU grace period is off this one's critical path) if alive, else a new one."""
     spare, sandbox._session_spare = sandbox._session_spare, None
-    if spare is not None and spare.usable():
+    if spare is not None and spare.proc is not None and spare.proc.poll() is None and not spare.spawn_error:
         return spare
     if spare is not None:
-        spare.discard()
-    return _Spawned(sandbox)
+        _discard(spare)
+    return _new_launched(sandbox)
+
+
+def _new_launched(sandbox: Sandbox) -> _Launched:
+    return _Launched(sandbox, _clean_env(SANDBOX_DIR, "/tmp", sandbox.env_allow), "/", False, session=True)
 
 
 def _restock(sandbox: Sandbox) -> None:
     if sandbox._session_spare is None:
-        sandbox._session_spare = _Spawned(sandbox)
+        sandbox._session_spare = _new_launched(sandbox)
 
 
 class RunSession:
@@ -163,15 +119,9 @@ class RunSession:
         # each job gets its own); jobs can only lower them. No CPU pin: each run is pinned.
         self._nproc = sandbox._nproc(limits)
         rl = [r for r in sandbox._rlimits(limits, self._nproc) if r[0] != resource.RLIMIT_CPU]
-        sp = _take_spawned(sandbox)
-        self.cg, self.proc, self._launch_r = sp.cg, sp.proc, sp.launch_r
-        self.error = sp.error
-        if sp.msg_w is not None:
-            try:
-                os.write(sp.msg_w, launcher.message(argv, rl, None))
-            except OSError:  # the launcher failed; its report is on the launch pipe
-                pass
-            os.close(sp.msg_w)
+        self._launched = L = _take_launched(sandbox)
+        self.cg, self.proc, self._launch_r, self.error = L.cg, L.proc, L.launch_r, L.spawn_error
+        L.send(launcher.message(argv, rl, None))
         _restock(sandbox)  # the next evaluation's launcher attaches while this one works
 
     # -- protocol ------------------------------------------------------------------------
@@ -341,9 +291,10 @@ class RunSession:
                     if f is not None:
                         f.close()
         finally:
-            if self._launch_r is not None:
-                os.close(self._launch_r)
-                self._launch_r = None
+            for fd in self._launched.fds:
+                os.close(fd)
+            self._launched.fds.clear()
+            self._launch_r = None
             if self.cg is not None:
                 self.sb.retire(self.cg)
 
