@@ -95,6 +95,8 @@ GRPO_3_WORKERS = ["scaling.max_workers=3", "train.global_batch_size=24", "train.
         (["rl.kl_estimator=k4"], "rl.kl_estimator"),
         (["rl.loss_agg=mean"], "rl.loss_agg"),
         (["rl.adv_norm=std"], "rl.adv_norm"),
+        (["rl.negative_weight=-0.1"], "rl.negative_weight"),
+        (["rl.negative_weight=2"], "rl.negative_weight"),
         (["rl.filter_zero_variance=maybe"], "rl.filter_zero_variance"),
         (["rl.updates_per_rollout=0"], "rl.updates_per_rollout"),
         (["rl.minibatches_per_update=0"], "rl.minibatches_per_update"),

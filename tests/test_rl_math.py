@@ -20,7 +20,7 @@ from elastic.config import load as config_load
 from elastic.rl import (ADV_NORMS, KL_ESTIMATORS, LOSS_AGGS, STAT_KEYS, StepCounts, add_stats, clipped_objective,
                         group_advantages, grpo_loss, kl_per_token, overlong_penalty, rollout_seed, split_problems,
                         stats_to_tensor, step_counts, summarize, tensor_to_stats, token_entropy, token_logprobs,
-                        token_weights, zero_variance_groups)
+                        token_weights, weight_negatives, zero_variance_groups)
 from tests.conftest import REPO
 
 EPS = 1e-6  # elastic.rl.advantages.EPS
@@ -65,6 +65,17 @@ def test_advantages_reject_bad_input():
         group_advantages(torch.ones(3, 1), "none")
     with pytest.raises(ValueError, match="finite"):
         group_advantages(torch.tensor([[1.0, float("nan")]]), "group_std")
+
+
+def test_negative_advantages_are_weighted_and_positive_ones_kept():
+    # group rewards [1, 0, 0, 0.5]: centred [0.625, -0.375, -0.375, 0.125]
+    a = group_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.5]], dtype=torch.float64), "none")
+    w = weight_negatives(a, 0.1)
+    assert torch.allclose(w, torch.tensor([[0.625, -0.0375, -0.0375, 0.125]], dtype=torch.float64), rtol=0, atol=1e-15)
+    assert torch.equal(weight_negatives(a, 1.0), a)
+    assert torch.equal(weight_negatives(a, 0.0), torch.tensor([[0.625, 0.0, 0.0, 0.125]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="negative_weight"):
+        weight_negatives(a, 1.5)
 
 
 def test_zero_variance_groups():

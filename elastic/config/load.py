@@ -298,6 +298,7 @@ def _validate_rl(cfg: Config) -> None:
     _check(rl.kl_estimator in RL_KL_ESTIMATORS, "rl.kl_estimator", f"must be one of {'|'.join(RL_KL_ESTIMATORS)}, got {rl.kl_estimator!r}")
     _check(rl.loss_agg in RL_LOSS_AGGS, "rl.loss_agg", f"must be one of {'|'.join(RL_LOSS_AGGS)}, got {rl.loss_agg!r}")
     _check(rl.adv_norm in RL_ADV_NORMS, "rl.adv_norm", f"must be one of {'|'.join(RL_ADV_NORMS)}, got {rl.adv_norm!r}")
+    _check(0 <= rl.negative_weight <= 1, "rl.negative_weight", f"must be in [0, 1] (1 = plain GRPO), got {rl.negative_weight}")
     _check(rl.updates_per_rollout >= 1, "rl.updates_per_rollout", f"must be >= 1, got {rl.updates_per_rollout}")
     _check(rl.minibatches_per_update >= 1, "rl.minibatches_per_update", f"must be >= 1, got {rl.minibatches_per_update}")
     _check(rl.micro_batch_size >= 1, "rl.micro_batch_size", f"must be >= 1, got {rl.micro_batch_size}")

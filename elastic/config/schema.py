@@ -287,6 +287,9 @@ class RLSection:
     loss_agg: str = "token_mean"
     # group_std: (r - mean) / (std + eps) per group (GRPO); none: r - mean (Dr. GRPO).
     adv_norm: str = "group_std"
+    # Weight of negative advantages (W-REINFORCE's lambda, Zhu et al. 2025): 1 = plain GRPO;
+    # below 1 the failing samples push down less than the passing ones pull up.
+    negative_weight: float = 1.0
     # Drop groups whose rewards are all equal (zero advantage) from the step; their fraction is
     # reported. Saves the backward pass on groups that carry no policy gradient.
     filter_zero_variance: bool = True

@@ -70,6 +70,21 @@ def group_advantages(rewards: torch.Tensor, norm: str = "group_std", eps: float 
     return ADV_NORMS[norm](r, eps)
 
 
+def weight_negatives(advantages: torch.Tensor, weight: float) -> torch.Tensor:
+    """``[...] -> [...]``: negative advantages times ``weight``, positive ones unchanged.
+
+    W-REINFORCE (Zhu et al. 2025, "The Surprising Effectiveness of Negative Reinforcement in LLM
+    Reasoning") splits the policy gradient into pulling passing samples up and pushing failing
+    ones down, and weights the second by lambda. Why it matters for a small, sharply fine-tuned
+    policy: a failing program is mostly confident tokens after one bad one, and pushing all of
+    them down flattens the distribution everywhere (entropy rises, more programs break); the
+    passing samples' pull sharpens it. ``weight`` 1 is plain GRPO, 0 trains on passes only.
+    """
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"negative_weight: must be in [0, 1], got {weight}")
+    return torch.where(advantages < 0, advantages * weight, advantages)
+
+
 def zero_variance_groups(rewards: torch.Tensor) -> torch.Tensor:
     """``[P, G] -> bool [P]``: True where every reward of the group is exactly equal.
 

@@ -44,7 +44,7 @@ from elastic.data.chat import ChatFormat, prompt_segments, tokenize_segments
 from elastic.data.tokenizer import from_json
 from elastic.model.attention import build_attention_metadata
 from elastic.records import append_record
-from elastic.rl.advantages import group_advantages, zero_variance_groups
+from elastic.rl.advantages import group_advantages, weight_negatives, zero_variance_groups
 from elastic.rl.aggregation import StepCounts
 from elastic.rl.logprobs import token_entropy, token_logprobs
 from elastic.rl.loss import grpo_loss
@@ -345,7 +345,7 @@ class GRPOJob(Job):
                 if rl.filter_zero_variance:
                     keep[idx] = False
                     continue
-            adv[v] = group_advantages(r, rl.adv_norm)[0].numpy()
+            adv[v] = weight_negatives(group_advantages(r, rl.adv_norm), rl.negative_weight)[0].numpy()
         passed = [s == "ok" for s in statuses]
         sp = [s for s, ok in zip(speedups, passed) if ok and s is not None]
         m = {
