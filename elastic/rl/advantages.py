@@ -75,10 +75,11 @@ def weight_negatives(advantages: torch.Tensor, weight: float) -> torch.Tensor:
 
     W-REINFORCE (Zhu et al. 2025, "The Surprising Effectiveness of Negative Reinforcement in LLM
     Reasoning") splits the policy gradient into pulling passing samples up and pushing failing
-    ones down, and weights the second by lambda. Why it matters for a small, sharply fine-tuned
-    policy: a failing program is mostly confident tokens after one bad one, and pushing all of
-    them down flattens the distribution everywhere (entropy rises, more programs break); the
-    passing samples' pull sharpens it. ``weight`` 1 is plain GRPO, 0 trains on passes only.
+    ones down, and weights the second by lambda. Why it helps a small, sharply fine-tuned
+    policy (our reading, not isolated by experiment): a failing program is mostly confident
+    tokens after one bad one, so pushing all of them down is mostly noise, while the passing
+    samples' pull sharpens the policy towards programs that work. ``weight`` 1 is plain GRPO,
+    0 trains on passes only. Measured on the default GRPO run: README "Measured".
     """
     if not 0.0 <= weight <= 1.0:
         raise ValueError(f"negative_weight: must be in [0, 1], got {weight}")
