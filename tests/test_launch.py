@@ -130,7 +130,8 @@ def test_job_beside_another_programs_private_ray_starts_its_own_and_keeps_a_quie
         first = other.stdout.readline()
         assert first.startswith("address "), f"the other program did not start Ray: {first!r}"
         other_addr = first.split()[1]
-        r = _run(small_run_overrides(tmp_path / "runs", "beside", corpus, 6), _env())
+        job_env = _env()
+        r = _run(small_run_overrides(tmp_path / "runs", "beside", corpus, 6), job_env)
         console = r.stdout + r.stderr
         assert r.returncode == 0, console[-4000:]
         assert other.poll() is None, "the other program died during the job"
@@ -149,6 +150,11 @@ def test_job_beside_another_programs_private_ray_starts_its_own_and_keeps_a_quie
     assert any(ln.startswith("[elastic] step 6/6 (100%) loss ") for ln in lines), console
     assert any(ln.startswith("[elastic] done in ") for ln in lines)
     assert len(lines) <= 20, console
+
+    # Ray Train's services that one machine cannot use are not started (cluster.PRIVATE_TRAIN_ENV).
+    actors = {ln.split(":actor_name:", 1)[1].strip() for p in Path(job_env["RAY_TMPDIR"]).rglob("worker-*.out")
+              for ln in p.read_text(errors="replace").splitlines()[:3] if ln.startswith(":actor_name:")}
+    assert {"TrainController", "RayTrainWorker"} <= actors and "PreemptionWatcher" not in actors, actors
 
 
 def test_ray_start_cluster_is_joined_and_a_too_small_one_is_reported_in_one_line(tmp_path):

@@ -14,11 +14,19 @@ Why not `ray.init(address="auto")`: when nothing is recorded, "auto" attaches to
 finds by scanning processes, including the private instance of a notebook, test or benchmark
 that happens to run beside the job, which then dies with that program (issue 16).
 
-The private instance runs the dashboard: Ray Train's placement-group cleaner asks the state
-API (served by the dashboard) every second whether the controller lives; without it each
-question fails with a warning and a dead driver's placement group is never cleaned up. It
-is started with token auth chosen explicitly (`RAY_AUTH_MODE=token`, Ray's default for new
-instances), which is secure and spares the "token authentication is enabled" notice.
+A private instance is lean, because it shares the machine with the job's own workers and
+on few cores every extra Ray process slows the step: each Ray Python process wakes ~100 times
+a second (its core worker's signal check), and each wake-up takes a CPU from one of the train
+worker's compute threads, which run in lockstep. Measured on 2 cores (README "step inside the
+product"), it runs without the dashboard, without the log monitor (it tails every worker log
+10 times a second for drivers that asked for logs; ours ask for none), and without Ray Train's
+metrics export and preemption watcher (PRIVATE_TRAIN_ENV), none of which one job-owned
+machine uses. The cost: Ray Train's placement-group cleaner asks the dashboard's state API
+every second whether the controller lives, and without it writes a warning to its own log
+file each second (never to the console); the placement groups it would clean up die with the
+instance anyway. Whoever wants the dashboard starts `ray start --head`, which the job joins.
+It is started with token auth chosen explicitly (`RAY_AUTH_MODE=token`, Ray's default for
+new instances), which is secure and spares the "token authentication is enabled" notice.
 """
 
 from __future__ import annotations
@@ -128,6 +136,28 @@ def choose_token_auth() -> None:
         pass  # another Ray: it chooses (and says so) itself
 
 
+# Ray Train services that a private instance cannot use: the metrics callbacks feed Ray's
+# Prometheus export, which nothing scrapes on a job-owned instance, and the preemption watcher
+# (an actor of its own) waits for node-drain notices that one machine never gets.
+PRIVATE_TRAIN_ENV = {"RAY_TRAIN_METRICS_ENABLED": "0", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+
+
+def private_instance_env() -> Dict[str, str]:
+    """PRIVATE_TRAIN_ENV, with the user's own value wherever they set one (theirs wins)."""
+    return {k: os.environ.get(k, v) for k, v in PRIVATE_TRAIN_ENV.items()}
+
+
+def stop_log_monitor() -> None:
+    """Stop this private instance's log monitor (see the module docstring). Ray has no switch
+    for it in `ray.init`, so this uses its node handle; best effort: another Ray keeps it."""
+    try:
+        from ray._private import worker
+
+        worker._global_node.kill_log_monitor(check_alive=False)
+    except Exception as e:  # a private API: never fail a job over it
+        logging.getLogger(__name__).debug("log monitor left running: %s", e)
+
+
 def connect(choice: ClusterChoice, num_cpus: int, env_vars: Dict[str, str]) -> ClusterChoice:
     """Start or join the chosen cluster; returns the choice with its address filled in.
 
@@ -148,8 +178,12 @@ def connect(choice: ClusterChoice, num_cpus: int, env_vars: Dict[str, str]) -> C
             ray.init(address=choice.address, runtime_env={"env_vars": env_vars}, **quiet)
         else:
             choose_token_auth()
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=True, dashboard_host="127.0.0.1",
-                     runtime_env={"env_vars": env_vars}, **quiet)
+            quiet_train = private_instance_env()
+            for k, v in quiet_train.items():  # the driver reads some, the controller actor the others
+                os.environ.setdefault(k, v)
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                     runtime_env={"env_vars": {**quiet_train, **env_vars}}, **quiet)
+            stop_log_monitor()
     except (ConnectionError, RuntimeError, ValueError) as e:
         where = f"the cluster at {choice.address} ({choice.kind})" if choice.address else "a private local Ray instance"
         last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
