@@ -14,6 +14,11 @@ reported):
 Each mode runs `--warmup` steps that are not counted, then `--steps` measured steps. The
 modes alternate over `--reps` repetitions and the median is kept.
 
+Where the in-Ray gap goes: over the measured steps, the ray mode reads every process's CPU time
+from /proc (the train worker's share of the machine against each other process's: Ray's
+daemons and actors, the store builder, shard builds) and the fsdp1 mode its own share. On a
+machine whose cores the training threads fill, what the others take is what the step loses.
+
   .venv/bin/python bench/step_overhead.py                # prints a table, writes bench/results/step_overhead.json
   .venv/bin/python bench/step_overhead.py --modes plain,fsdp1 --profile-steps 10 --out bench/results/step_profile.json
                                                           # where fsdp1's extra time goes, per op
@@ -131,20 +136,92 @@ def child_fsdp1(a) -> dict:
     model, args, _ = build_model(cfg, dev)
     model = parallelize(model, dev, torch.float32)
     opt = build_optimizer(model, 1e-3, 0.1, (0.9, 0.95), fused=False)
-    times, phases = [], []
+    times, phases, marks = [], [], []
     prof = _Profile(a)
     for step in range(a.warmup + a.steps):
         prof.at(step)
+        if step == a.warmup:
+            marks.append((time.perf_counter(), _process_cpu()))
         rows = _batch(args, a.batch, a.seq_len, step)
         timer = StepTimer(dev)
         t0 = time.perf_counter()
         train_step(model, opt, split_micro(rows, a.micro), causal_lm_loss, float(label_count(rows)), 1.0, dev, timer)
         times.append(time.perf_counter() - t0)
         phases.append(timer.seconds())
+    marks.append((time.perf_counter(), _process_cpu()))
     dist.destroy_process_group()
     split = {k: statistics.median(p.get(k, 0.0) for p in phases[a.warmup:]) for k in ("forward_s", "backward_s", "optimizer_s")}
+    (t0, c0), (t1, c1) = marks
+    own = (c1[os.getpid()][1] - c0[os.getpid()][1]) / (t1 - t0) / (os.cpu_count() or 1)
     return {"step_s": times[a.warmup:], "split": {**split, "step_s": statistics.median(times[a.warmup:])},
-            **prof.result()}
+            "own_cpu_share": own, **prof.result()}
+
+
+def _process_cpu() -> dict:
+    """{pid: (name, CPU seconds so far)} of every process on this machine (Linux /proc)."""
+    hz, out = os.sysconf("SC_CLK_TCK"), {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        rest = stat[stat.rindex(")") + 2:].split()
+        name = os.path.basename(argv[0].decode(errors="replace")) or stat[stat.index("(") + 1:stat.rindex(")")]
+        if name.startswith("python") and len(argv) > 1:  # Ray's Python daemons: name them by their script
+            args = [x.decode(errors="replace") for x in argv[1:] if x]
+            script = next((x for x in args if x.endswith(".py")), None)
+            name = os.path.basename(script) if script else ("python -m " + args[args.index("-m") + 1] if "-m" in args[:-1]
+                                                            else "python -c" if "-c" in args else name)
+        out[int(pid)] = (name, (int(rest[11]) + int(rest[12])) / hz)
+    return out
+
+
+class _SteadyCPU:
+    """Where the machine's CPU goes during the ray mode's measured steps: a driver thread follows
+    metrics.jsonl and reads every process's CPU time when the first measured step begins and
+    when the last one has been logged. The train worker's share against everything else's is
+    the evidence for the in-Ray gap on a machine whose cores the training threads fill."""
+
+    def __init__(self, metrics: str, first: int, last: int):
+        import threading
+
+        self.metrics, self.first, self.last = metrics, first, last
+        self.marks: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _step(self) -> int:
+        try:
+            with open(self.metrics) as f:
+                return max((json.loads(ln).get("step", 0) for ln in f if ln.strip()), default=0)
+        except (OSError, ValueError):
+            return 0
+
+    def _run(self) -> None:
+        for target in (self.first, self.last):
+            while not self._stop.is_set() and self._step() < target:
+                time.sleep(0.05)
+            if self._stop.is_set():
+                return
+            self.marks.append((time.perf_counter(), _process_cpu()))
+
+    def result(self) -> dict:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        if len(self.marks) < 2:
+            return {}
+        (t0, a), (t1, b) = self.marks
+        share = {}
+        for pid, (name, cpu) in b.items():
+            used = cpu - a.get(pid, (name, 0.0))[1]
+            if used > 0:
+                key = "train worker" if name == "ray::RayTrainWorker" else name
+                share[key] = share.get(key, 0.0) + used / (t1 - t0) / (os.cpu_count() or 1)
+        return {"window_s": t1 - t0, "cpu_share": dict(sorted(share.items(), key=lambda kv: -kv[1]))}
 
 
 def child_ray(a) -> dict:
@@ -155,12 +232,15 @@ def child_ray(a) -> dict:
     os.environ["RAY_ADDRESS"] = "local"
     store = tempfile.mkdtemp(prefix="step-overhead-")
     cfg = _config(a, f"run.storage_path={store}", "run.name=ray", *a.set)
+    # Steps warmup+1 .. the one before the last (the last writes a checkpoint).
+    cpu = _SteadyCPU(os.path.join(store, "ray", "metrics.jsonl"), a.warmup, a.warmup + a.steps - 1)
     res = run_pretraining(cfg, progress=False, out=open(os.devnull, "w"))
     recs = [r for r in read_records(os.path.join(res.records_dir or res.local_dir, "metrics.jsonl")) if "step" in r]
     steady = [r for r in recs if r["step"] > a.warmup]
     keys = ("data_wait_s", "forward_s", "backward_s", "optimizer_s", "sync_s", "step_s")
     split = {k: statistics.median(r.get(k, 0.0) for r in steady) for k in keys}
-    return {"step_s": [r["step_s"] for r in steady], "split": split, "tokens_per_step": steady[0]["tokens"] if steady else 0}
+    return {"step_s": [r["step_s"] for r in steady], "split": split, "tokens_per_step": steady[0]["tokens"] if steady else 0,
+            **cpu.result()}
 
 
 CHILDREN = {"plain": child_plain, "fsdp1": child_fsdp1, "ray": child_ray}
@@ -191,6 +271,16 @@ def _profile_diff(runs: dict) -> dict:
     for k, v in top:
         print(f"  {v * 1e3:+8.2f}  {k}")
     return {"plain_self_s": tp, "fsdp1_self_s": tf, "top": dict(top)}
+
+
+def _median_cpu_share(shares: list) -> dict:
+    """Per process name, the median over repetitions of its share of the machine's CPU."""
+    shares = [s for s in shares if s]
+    if not shares:
+        return {}
+    keys = set().union(*shares)
+    med = {k: statistics.median(s.get(k, 0.0) for s in shares) for k in keys}
+    return dict(sorted(med.items(), key=lambda kv: -kv[1]))
 
 
 def main(argv=None) -> int:
@@ -233,15 +323,24 @@ def main(argv=None) -> int:
     profile = {}
     if a.profile_steps and "plain" in runs and "fsdp1" in runs:
         profile = _profile_diff(runs)
+    cpu = {}
     if "ray" in runs:
         split = runs["ray"][-1]["split"]
         print("ray step split (median s): " + ", ".join(f"{k} {v:.3f}" for k, v in split.items()))
+        cpu = _median_cpu_share([r.get("cpu_share", {}) for r in runs["ray"]])
+        if cpu:
+            others = sum(v for k, v in cpu.items() if k != "train worker")
+            top = ", ".join(f"{k} {v:.1%}" for k, v in list((k, v) for k, v in cpu.items() if k != "train worker")[:8])
+            print(f"ray mode, machine CPU over the measured steps (median of reps): train worker {cpu.get('train worker', 0):.1%}, "
+                  f"every other process {others:.1%} ({top})")
+    if "fsdp1" in runs:
+        print(f"fsdp1 mode: its process had {statistics.median(r['own_cpu_share'] for r in runs['fsdp1']):.1%} of the machine's CPU")
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"args": {k: v for k, v in vars(a).items() if k != "child"}, "tokens_per_s": tps,
                    "ratios": {"fsdp1_vs_plain": tps.get("fsdp1", 0) / tps["plain"] if "plain" in tps else None,
                               "ray_vs_fsdp1": tps.get("ray", 0) / tps["fsdp1"] if "fsdp1" in tps else None},
-                   "profile_fsdp1_minus_plain": profile,
+                   "profile_fsdp1_minus_plain": profile, "ray_cpu_share": cpu,
                    "runs": runs, "cpu_count": os.cpu_count(), "time": time.time()}, f, indent=2)
     print(f"wrote {a.out}")
     return 0
