@@ -137,7 +137,7 @@ class GRPOJob(Job):
 
     # ------------------------------------------------------------------ setup
     def start(self, ctx: WorkerContext, state: Dict[str, Any]) -> None:
-        self._unledgered: List[int] = []  # see consumed_sample_ids
+        self._step_ids: List[int] = []  # completion ids of the step being run (for the ledger)
         from elastic.reward.service import connect
 
         self.ctx = ctx
@@ -191,10 +191,9 @@ class GRPOJob(Job):
         outcome = self._collect_rewards(step, prompts, rollouts)
         by_k = {r.k: r for r in rollouts}
         G = rl.group_size
-        # The ledger gets every completion this rank sampled for the step, once: with the first
-        # update, or (every group filtered: no update at all) through consumed_sample_ids().
-        all_ids = [completion_id(prompts[group_of(k, G)[0]][0], group_of(k, G)[1], G) for k in ks]
-        first = True
+        # The ledger gets every completion this rank sampled for the step, once, through
+        # consumed_sample_ids(): also those of filtered groups, which no update carries.
+        self._step_ids = [completion_id(prompts[group_of(k, G)[0]][0], group_of(k, G)[1], G) for k in ks]
         for _ in range(rl.updates_per_rollout):
             for m, part in enumerate(self.mine):
                 mb_ks = range(m * (self.N // rl.minibatches_per_update), (m + 1) * (self.N // rl.minibatches_per_update))
@@ -204,16 +203,13 @@ class GRPOJob(Job):
                 self._counts = StepCounts(sequences=len(kept), tokens=max(1, int(outcome.lengths[kept].sum())),
                                           max_new_tokens=rl.max_new_tokens)
                 rows = [by_k[k] for k in part]
-                ids = all_ids if first else []
-                first = False
                 yield Update(micro_batches=self._micro_batches(rows, outcome), normaliser=1.0,
-                             tokens=int(sum(len(r.tokens) for r in rows)), sample_ids=ids)
-        self._unledgered = all_ids if first else []
+                             tokens=int(sum(len(r.tokens) for r in rows)))
         self.reward.forget([r.key for r in rollouts])
         self._cursor = (step + 1) * rl.prompts_per_step
 
     def consumed_sample_ids(self) -> List[int]:
-        ids, self._unledgered = self._unledgered, []
+        ids, self._step_ids = self._step_ids, []
         return ids
 
     def _generate(self, step: int, prompts: List[Tuple[int, str]], ks: List[int]) -> List[Rollout]:

@@ -74,8 +74,8 @@ class Job:
         return {}
 
     def consumed_sample_ids(self) -> List[int]:
-        """Ids the step just run consumed without handing them to an update (e.g. GRPO groups
-        that were all filtered out): the ledger records them with the step all the same."""
+        """Ids the step just run consumed that its updates did not carry (GRPO: every completion
+        it sampled, filtered groups included): the ledger records them with the step."""
         return []
 
     def evaluate(self, step: int) -> Dict[str, Any]:
