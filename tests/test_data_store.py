@@ -15,7 +15,7 @@ import ray
 
 from elastic.data import Cursor, prepare_data_plan
 from elastic.data.reader import RankBatches, SampleStream
-from elastic.data.store import ShardCache, packing_key, shard_key
+from elastic.data.store import PLANS_DIR, ShardCache, packing_key, shard_key
 from elastic.records import read_records
 from tests.helpers import make_text_corpus, open_store, whole_epoch
 
@@ -93,6 +93,29 @@ def test_each_shard_is_built_once_and_reused_by_restarts(ray_local, plan, tmp_pa
     assert len(_builds(root, plan)) == plan.num_shards
 
 
+def test_a_killed_builder_restarts_with_its_plans_from_storage(ray_local, plan, tmp_path):
+    """The builder's constructor gets the path of its plans, not the plans (elastic/data/builder.py):
+    a restart reads them again from the cache root and reuses what is built."""
+    from elastic.data.builder import load_plans, save_plans
+
+    root = tmp_path / "cache"
+    path = save_plans({"train": plan}, str(root))
+    assert os.path.isfile(path) and load_plans(path)["train"] == plan
+    assert save_plans({"train": plan}, str(root)) == path  # written once, by content
+    builder, _ = open_store(plan, root)
+    first = ray.get(builder.meta.remote("train", 0))
+    pid = ray.get(builder.__ray_call__.remote(lambda self: os.getpid()))
+    ray.kill(builder, no_restart=False)  # as if its process died: Ray restarts it
+    deadline = time.time() + 60
+    while ray.get(builder.__ray_call__.remote(lambda self: os.getpid()), timeout=30) == pid:  # the kill is asynchronous
+        assert time.time() < deadline, "the builder was not restarted"
+        time.sleep(0.2)
+    again = ray.get(builder.meta.remote("train", 0), timeout=30)
+    assert again.to_dict() == first.to_dict()
+    report = ray.get(builder.report.remote())
+    assert report["stats"]["reused"] == 1 and report["stats"]["built"] == 0, report
+
+
 def test_a_changed_tokenizer_or_seq_len_gets_its_own_cache(ray_local, plan, tmp_path):
     import dataclasses
 
@@ -107,7 +130,7 @@ def test_a_changed_tokenizer_or_seq_len_gets_its_own_cache(ray_local, plan, tmp_
     b = whole_epoch(s2)
     assert a["tokens"].shape[1] == 32 and b["tokens"].shape[1] == 48
     assert len(_builds(root, longer)) == longer.num_shards  # built, not reused from the seq 32 cache
-    assert sorted(os.listdir(root)) == sorted([packing_key(plan), packing_key(longer)])
+    assert sorted(os.listdir(root)) == sorted([packing_key(plan), packing_key(longer), PLANS_DIR])
 
 
 def test_build_window_is_bounded(ray_local, plan, tmp_path):

@@ -16,21 +16,30 @@ flight, which is this actor. Several readers asking for the same shard share one
 
 Failures: a build whose worker or node dies is retried (`max_attempts`); a data error (e.g.
 an unreadable file) is not, and reaches the readers as the task's error. If the actor itself
-dies, Ray restarts it and it finds the finished shards in storage.
+dies, Ray restarts it and it finds the finished shards in storage. It finds its data plans
+there too: the driver writes them next to the cache (`save_plans`) and hands the actor their
+path, not the plans. A plan is large (every file of the corpus and the tokenizer: 234 KB for
+the stdlib corpus), too large for Ray to inline, and an actor restarted from constructor
+arguments in the object store fails if those are lost (Ray says so on the console when such an
+actor is created, ray-project/ray#53727).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
+import pickle
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
+import pyarrow.fs as pafs
 import ray
 
 from elastic.data.cursor import shard_order
-from elastic.data.store import ShardCache, ShardMeta, shard_key
+from elastic.data.sources import filesystem_for
+from elastic.data.store import PLANS_DIR, ShardCache, ShardMeta, shard_key, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +71,9 @@ class StoreBuilder:
     stream's unit; `shard_id`, which names the shard in sample ids, may differ for a held-out
     plan cut from the training plan)."""
 
-    def __init__(self, plans: Dict[str, Any], cache_root: str, build_ahead: int = 2, max_attempts: int = 3,
+    def __init__(self, plans_path: str, cache_root: str, build_ahead: int = 2, max_attempts: int = 3,
                  task_env: Optional[Dict[str, str]] = None):
-        self.plans = plans
+        plans = self.plans = load_plans(plans_path)
         self.plan_refs = {k: ray.put(p) for k, p in plans.items()}
         self.caches = {k: ShardCache(cache_root, p) for k, p in plans.items()}
         self.cache_root = cache_root
@@ -160,13 +169,34 @@ class StoreBuilder:
                 "cache": {k: c.uri for k, c in self.caches.items()}, "events": list(self.events)}
 
 
+def save_plans(plans: Dict[str, Any], cache_root: str) -> str:
+    """Write the run's data plans to `cache_root`/PLANS_DIR (storage that every build task reaches
+    already), named by their content, and return that path. Written once: a relaunch with the
+    same plans finds the file."""
+    data = pickle.dumps(plans)
+    path = f"{cache_root.rstrip('/')}/{PLANS_DIR}/{hashlib.sha256(data).hexdigest()[:20]}.pkl"
+    fs, where = filesystem_for(path)
+    if fs.get_file_info(where).type == pafs.FileType.NotFound:
+        fs.create_dir(os.path.dirname(where), recursive=True)
+        write_atomic(fs, where, data)
+    return path
+
+
+def load_plans(path: str) -> Dict[str, Any]:
+    """The plans `save_plans` wrote at `path`."""
+    fs, where = filesystem_for(path)
+    with fs.open_input_stream(where) as s:
+        return pickle.loads(s.read())
+
+
 def start_builder(plans: Dict[str, Any], cache_root: str, build_ahead: int, task_env: Optional[Dict[str, str]] = None):
     """Create the run's builder actor on this (the driver's) node: it must outlive worker
-    groups and node losses, and dies with the driver. Returns its handle."""
+    groups and node losses, and dies with the driver. Its plans travel through storage
+    (`save_plans`), so a restarted actor reads them again. Returns its handle."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     node = ray.get_runtime_context().get_node_id()
     actor = ray.remote(StoreBuilder).options(
         num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=1000,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=True))
-    return actor.remote(plans, cache_root, build_ahead, task_env=task_env)
+    return actor.remote(save_plans(plans, cache_root), cache_root, build_ahead, task_env=task_env)

@@ -47,6 +47,7 @@ FORMAT_VERSION = 1
 BATCH_BYTES = 64 * 2**10  # target size of one record batch: the unit a reader fetches
 COMPRESSION = "zstd"      # ~0.1 CPU-s per 4 MiB shard (<5% of tokenizing it); files ~1/6 of raw int32
 BUILDS = "builds.jsonl"
+PLANS_DIR = "plans"  # beside the packing-key directories: the run's data plans (elastic/data/builder.py)
 ARRAY_COLUMNS = ("tokens", "doc_ids", "labels")
 
 
@@ -127,7 +128,9 @@ def encode_shard(arrays: Dict[str, np.ndarray], seq_len: int) -> tuple[bytes, in
     return sink.getvalue().to_pybytes(), rpb
 
 
-def _write_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+def write_atomic(fs: pafs.FileSystem, path: str, data: bytes) -> None:
+    """Write `data` under a temporary name, then move it to `path`: a reader never sees half a
+    file (on object stores the move is a copy of a complete object)."""
     tmp = f"{path}.tmp-{uuid.uuid4().hex[:12]}"
     with fs.open_output_stream(tmp) as s:
         s.write(data)
@@ -176,12 +179,12 @@ class ShardCache:
         data, rpb = encode_shard(arrays, self.seq_len)
         self.fs.create_dir(self.dir, recursive=True)
         _maybe_cut(self.fs, self.data_path(key), data, shard.shard_id, attempt)
-        _write_atomic(self.fs, self.data_path(key), data)
+        write_atomic(self.fs, self.data_path(key), data)
         meta = ShardMeta(key=key, shard_id=shard.shard_id, samples=int(len(arrays["n_real"])),
                          tokens=int(np.asarray(arrays["n_real"]).sum()), bytes=len(data), rows_per_batch=rpb,
                          bad_rows=bad_rows, build={**build, "host": socket.gethostname(), "pid": os.getpid(),
                                                    "time": time.time(), "attempt": attempt})
-        _write_atomic(self.fs, self.meta_path(key), json.dumps(meta.to_dict()).encode())
+        write_atomic(self.fs, self.meta_path(key), json.dumps(meta.to_dict()).encode())
         return meta
 
     # ------------------------------------------------------------ finding complete shards
@@ -285,7 +288,7 @@ def build_summary(cache_root: str) -> Dict[str, Any]:
     fs, base = filesystem_for(cache_root)
     try:
         dirs = [i.base_name for i in fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
-                if i.type == pafs.FileType.Directory]
+                if i.type == pafs.FileType.Directory and i.base_name != PLANS_DIR]
     except OSError:
         dirs = []
     out: Dict[str, Any] = {}
