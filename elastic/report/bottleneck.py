@@ -342,8 +342,9 @@ def diagnose(metrics: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]]
         found.append(Finding("input", s, THRESHOLDS["input"],
                              f"the trainer waited for data {_pct(s)} of step time "
                              f"({_mean(steady, 'data_wait_s'):.3g} s of a {tf['step_s_mean']:.3g} s step on average).",
-                             f"more CPU for tokenize+pack: data.tokenize_cpus{_now(config, 'data.tokenize_cpus')} per task "
-                             "or more CPU nodes for Ray Data"))
+                             f"more CPU for tokenize+pack: data.tokenize_cpus{_now(config, 'data.tokenize_cpus')} per shard build, "
+                             f"data.build_ahead{_now(config, 'data.build_ahead')} shards built ahead, or more CPU nodes "
+                             "(builds run as Ray tasks on the cluster's CPUs)"))
     s = tf["comm_share"]
     if s is not None and s >= THRESHOLDS["communication"]:
         lever = (f"a larger train.micro_batch_size{_now(config, 'train.micro_batch_size')} for more compute per collective; "
