@@ -15,10 +15,11 @@ finds by scanning processes, including the private instance of a notebook, test 
 that happens to run beside the job, which then dies with that program (issue 16).
 
 A private instance is lean, because it shares the machine with the job's own workers and
-on few cores every extra Ray process slows the step: each Ray Python process wakes ~100 times
-a second (its core worker's signal check), and each wake-up takes a CPU from one of the train
-worker's compute threads, which run in lockstep. Measured on 2 cores (README "step inside the
-product"), it runs without the dashboard, without the log monitor (it tails every worker log
+on few cores every extra Ray process slows the step: a Ray Python process costs 0.8-0.9% of a
+core even when idle, and when the training threads fill the cores, whatever CPU another
+process takes comes out of the step (bench/step_overhead.py measures every process's share;
+README "step inside the product": 0.82x -> 0.95x of the step outside Ray). It runs without
+the dashboard, without the log monitor (it tails every worker log
 10 times a second for drivers that asked for logs; ours ask for none), and without Ray Train's
 metrics export and preemption watcher (PRIVATE_TRAIN_ENV), none of which one job-owned
 machine uses. The cost: Ray Train's placement-group cleaner asks the dashboard's state API
