@@ -1,18 +1,36 @@
-"""Generation throughput: KV cache vs recomputing the whole sequence every step.
+"""Generation throughput: the engine vs its recompute mode, the pre-engine reference path,
+Hugging Face transformers' generate() and the memory-bandwidth bound, in one run.
 
-For each preset × batch size it generates `--new-tokens` greedy tokens after prompts of
-mixed lengths (uniform in [prompt_len/2, prompt_len], left-padded in one batch), once with
-the KV cache and once without (`generate(..., use_cache=False)`: a full forward over prompt +
-generated tokens per step), and reports new tokens per second for each and their ratio.
+For each preset x batch size it generates `--new-tokens` greedy tokens after prompts of mixed
+lengths (uniform in [prompt_len/2, prompt_len]) with each system:
+
+  ours        elastic.model.generate.generate (static KV cache; CUDA: compiled step in CUDA
+              graphs, `--mode` to choose)
+  recompute   the same engine with use_cache=False (full forward over every live sequence per step)
+  reference   elastic.model.generate_reference (the pre-engine path: left-padded growing cache
+              with a dense mask per step)
+  hf          transformers LlamaForCausalLM.generate (default dynamic cache, SDPA), built from a
+              random config of the same shape and loaded with the same weights (nothing downloaded)
+
 Tokens counted: generated tokens only (no prompt, no padding); no stop tokens, so every row
-produces exactly `--new-tokens`. Time: wall clock of the whole generate() call (prefill
-included), best of `--repeats`, the two modes alternating. Both must produce the same
-tokens (checked). On a shared machine, quote the ratio, not the absolute figures.
-Weights are random (`init_weights`), which does not change the cost.
+produces exactly `--new-tokens`. Time: wall clock of the whole call (prefill, and for ours the
+per-call graph capture, included), best of `--repeats`, systems alternating so that a change in
+machine load biases none; one untimed warm-up call per system and shape first (for ours on CUDA
+that is where the step compiles). Ratios are within this run.
 
-  python bench/generate_throughput.py                       # tiny and 125m, batch 1 and 16, CPU
-  python bench/generate_throughput.py --device cuda --dtype bf16 --presets 125m,1b --batch 1,16,64
-  python bench/generate_throughput.py --smoke               # seconds; checks the script runs
+Bound: a decode step must read every weight once (the batch shares the read), so tokens/s <=
+batch x bandwidth / weight bytes; weight bytes = parameters x bytes per parameter, the embedding
+table counted only when it is also the output projection (tied). KV-cache reads and compute are
+ignored, so it is an upper bound. Bandwidth is measured here with a large copy (bytes read +
+written / seconds, best of 5): on one H100 expect ~2.5-3 TB/s.
+
+Token agreement: ours must equal recompute and the reference token for token in fp32 (exit
+status 1 otherwise); HF's agreement is reported (fraction of rows equal), as is agreement in bf16
+(where near-ties make a few rows differ legitimately).
+
+  python bench/generate_throughput.py                      # CPU: tiny and 125m, batch 1, 4, 16
+  python bench/generate_throughput.py --device cuda --dtype bf16 --presets 1b --batch 1,16,64 --new-tokens 64
+  python bench/generate_throughput.py --smoke              # seconds; checks the script runs
 """
 
 from __future__ import annotations
@@ -21,7 +39,9 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -31,9 +51,11 @@ import torch  # noqa: E402
 from elastic.config import PRESETS  # noqa: E402
 from elastic.model import ModelArgs, Transformer  # noqa: E402
 from elastic.model.generate import generate  # noqa: E402
+from elastic.model.generate_reference import generate_reference  # noqa: E402
 
 # Vocabulary per preset: the default data.vocab_size for tiny, the 32k the 125m preset is sized for.
 DEFAULT_VOCAB = {"tiny": 2048, "125m": 32000, "1b": 128256, "8b": 128256}
+SYSTEMS = ("ours", "recompute", "reference", "hf")
 
 
 def build(preset: str, vocab: int, max_len: int, device: str, dtype: torch.dtype) -> Transformer:
@@ -43,43 +65,105 @@ def build(preset: str, vocab: int, max_len: int, device: str, dtype: torch.dtype
     return model.to(device=device, dtype=dtype).eval()
 
 
+def build_hf(model: Transformer, dtype: torch.dtype):
+    """transformers' Llama of the same shape, carrying our weights (elastic/model/hf.py's names)."""
+    import transformers
+
+    from elastic.model.hf import hf_config_dict, hf_key_map
+
+    a = model.args
+    cfg = transformers.LlamaConfig(**{k: v for k, v in hf_config_dict(a, dtype, None, 0).items()
+                                      if k not in ("architectures", "model_type", "torch_dtype")})
+    cfg._attn_implementation = "sdpa"
+    ours = model.state_dict()
+    with torch.device(ours["norm.weight"].device):
+        hf = transformers.LlamaForCausalLM(cfg).to(dtype)
+    missing, unexpected = hf.load_state_dict({h: ours[k] for k, h in hf_key_map(a).items()}, strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    if a.tie_embeddings:
+        hf.tie_weights()
+    return hf.eval()
+
+
+def hf_generate(hf, prompts: list, new_tokens: int) -> list:
+    dev = hf.model.embed_tokens.weight.device
+    L = max(len(p) for p in prompts)
+    ids = torch.tensor([[0] * (L - len(p)) + p for p in prompts], device=dev)
+    mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts], device=dev)
+    with torch.no_grad():
+        out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                          pad_token_id=0, eos_token_id=None)
+    return out[:, L:].tolist()
+
+
 def prompts_for(batch: int, prompt_len: int, vocab: int, seed: int) -> list:
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(max(1, prompt_len // 2), prompt_len + 1, (batch,), generator=g).tolist()
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lens]
 
 
-def timed(model, prompts, new_tokens: int, use_cache: bool, device: str):
+def weight_bytes(model: Transformer) -> int:
+    a = model.args
+    n = model.num_params(exclude_embeddings=False)
+    if not a.tie_embeddings:
+        n -= a.vocab_size * a.dim  # an untied embedding table is read a row per token, not whole
+    return n * model.tok_embeddings.weight.element_size()
+
+
+def measure_bandwidth(device: str) -> float:
+    """Bytes/s of a large device-memory copy (read + write), best of 5."""
+    n = (1 << 30) if device == "cuda" else (256 << 20)
+    x = torch.empty(n, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    best = float("inf")
+    for _ in range(6):
+        _sync(device)
+        t0 = time.perf_counter()
+        y.copy_(x)
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    del x, y
+    return 2 * n / best
+
+
+def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+def run_system(name: str, model, hf, prompts: list, new_tokens: int, mode: str) -> list:
+    if name == "ours":
+        return [c.tokens for c in generate(model, prompts, new_tokens, mode=mode)]
+    if name == "recompute":
+        return [c.tokens for c in generate(model, prompts, new_tokens, use_cache=False)]
+    if name == "reference":
+        return [c.tokens for c in generate_reference(model, prompts, new_tokens)]
+    return hf_generate(hf, prompts, new_tokens)
+
+
+def timed(name: str, model, hf, prompts, new_tokens: int, mode: str, device: str):
+    _sync(device)
     t0 = time.perf_counter()
-    out = generate(model, prompts, new_tokens, use_cache=use_cache)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - t0, out
+    toks = run_system(name, model, hf, prompts, new_tokens, mode)
+    _sync(device)
+    return time.perf_counter() - t0, toks
 
 
-def compare(model, prompts, new_tokens: int, repeats: int, device: str):
-    """Best-of-`repeats` seconds for cache and recompute, alternating the two so that a change
-    in machine load between them biases neither."""
-    best = {True: float("inf"), False: float("inf")}
-    outs = {}
-    for _ in range(repeats):
-        for use_cache in (True, False):
-            t, outs[use_cache] = timed(model, prompts, new_tokens, use_cache, device)
-            best[use_cache] = min(best[use_cache], t)
-    return best[True], outs[True], best[False], outs[False]
+def _agree(a: list, b: list) -> float:
+    return sum(x == y for x, y in zip(a, b)) / len(a)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--presets", default="tiny,125m")
-    ap.add_argument("--batch", default="1,16", help="comma-separated batch sizes")
+    ap.add_argument("--batch", default="1,4,16", help="comma-separated batch sizes")
     ap.add_argument("--prompt-len", type=int, default=32)
-    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--vocab", type=int, default=0, help="0: per preset (tiny 2048, 125m 32000, 1b/8b 128256)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    ap.add_argument("--dtype", choices=("fp32", "bf16"), default=None, help="default: bf16 on CUDA, fp32 on CPU")
+    ap.add_argument("--mode", default="auto", help="the engine's mode: auto (CUDA: compile, CPU: eager), eager, fixed, graphs, compile")
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"subset of {','.join(SYSTEMS)}")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--smoke", action="store_true", help="tiny, batch 1 and 2, 8 new tokens")
@@ -89,40 +173,81 @@ def main(argv=None) -> int:
         a.presets, a.batch, a.prompt_len, a.new_tokens, a.repeats = "tiny", "1,2", 8, 8, 1
     if a.threads:
         torch.set_num_threads(a.threads)
+    a.dtype = a.dtype or ("bf16" if a.device == "cuda" else "fp32")
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
+    systems = [s for s in a.systems.split(",") if s]
+    assert systems[0] == "ours" and set(systems) <= set(SYSTEMS), f"--systems must start with ours, from {SYSTEMS}"
+    # Compilation caches go to a scratch directory removed at the end: the JSON is all we leave.
+    scratch = tempfile.mkdtemp(prefix="gen-bench-")
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        os.environ.setdefault(var, os.path.join(scratch, var.lower()))
+    try:
+        return _run(a, dtype, systems)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
-    rows = []
-    print(f"{'preset':>7} {'vocab':>6} {'batch':>5} {'cache tok/s':>12} {'recompute tok/s':>16} {'ratio':>7}  same tokens")
+
+def _run(a, dtype: torch.dtype, systems: list) -> int:
+    bw = measure_bandwidth(a.device)
+    rows, exact_ok = [], True
+    head = f"{'preset':>6} {'batch':>5} " + " ".join(f"{s + ' tok/s':>15}" for s in systems)
+    head += f" {'bound tok/s':>12} {'% bound':>8} " + " ".join(f"{'/' + s:>11}" for s in systems[1:]) + "  same tokens as ours"
+    print(f"device {a.device} ({torch.cuda.get_device_name(0) if a.device == 'cuda' else platform.processor() or 'cpu'}), "
+          f"{a.dtype}, engine mode {a.mode}, measured copy bandwidth {bw / 1e9:.1f} GB/s")
+    print(head)
     for preset in a.presets.split(","):
         vocab = a.vocab or DEFAULT_VOCAB[preset]
         model = build(preset, vocab, a.prompt_len + a.new_tokens, a.device, dtype)
+        hf = build_hf(model, dtype) if "hf" in systems else None
+        wb = weight_bytes(model)
         for batch in (int(b) for b in a.batch.split(",")):
             prompts = prompts_for(batch, a.prompt_len, vocab, seed=batch)
-            generate(model, prompts, 2)  # warm-up (allocator, kernels)
-            t_cache, out_c, t_full, out_f = compare(model, prompts, a.new_tokens, a.repeats, a.device)
-            n = sum(len(c.tokens) for c in out_c)
-            same = [c.tokens for c in out_c] == [c.tokens for c in out_f]
+            for s in systems:  # warm-up: allocator, kernels, and the engine's compile on CUDA
+                run_system(s, model, hf, prompts, a.new_tokens, a.mode)
+            best = {s: float("inf") for s in systems}
+            toks = {}
+            for _ in range(a.repeats):
+                for s in systems:
+                    t, toks[s] = timed(s, model, hf, prompts, a.new_tokens, a.mode, a.device)
+                    best[s] = min(best[s], t)
+            n = sum(len(t) for t in toks["ours"])
+            assert n == batch * a.new_tokens
+            tps = {s: n / best[s] for s in systems}
+            bound = batch * bw / wb
+            same = {s: _agree(toks["ours"], toks[s]) for s in systems[1:]}
+            if a.dtype == "fp32":
+                exact_ok &= all(same[s] == 1.0 for s in ("recompute", "reference") if s in same)
             row = {"preset": preset, "vocab": vocab, "batch": batch, "prompt_lens": [len(p) for p in prompts],
-                   "new_tokens_per_row": a.new_tokens, "tokens": n, "cache_s": t_cache, "recompute_s": t_full,
-                   "cache_tokens_per_s": n / t_cache, "recompute_tokens_per_s": n / t_full,
-                   "speedup": t_full / t_cache, "same_tokens": same, "params": model.num_params(exclude_embeddings=False)}
+                   "new_tokens_per_row": a.new_tokens, "tokens": n, "params": model.num_params(exclude_embeddings=False),
+                   "weight_bytes": wb, "seconds": best, "tokens_per_s": tps, "bound_tokens_per_s": bound,
+                   "ours_fraction_of_bound": tps["ours"] / bound,
+                   "ours_speedup": {s: tps["ours"] / tps[s] for s in systems[1:]}, "same_tokens_fraction": same}
             rows.append(row)
-            print(f"{preset:>7} {vocab:>6} {batch:>5} {row['cache_tokens_per_s']:>12.1f} {row['recompute_tokens_per_s']:>16.1f} "
-                  f"{row['speedup']:>6.2f}x  {same}", flush=True)
-        del model
-    print(f"tokens/s = generated tokens (batch x {a.new_tokens}, no prompt or padding) / wall seconds of generate(), "
-          f"best of {a.repeats}; ratio = recompute seconds / cache seconds; device {a.device}, {a.dtype}, "
+            line = f"{preset:>6} {batch:>5} " + " ".join(f"{tps[s]:>15.1f}" for s in systems)
+            line += f" {bound:>12.0f} {100 * tps['ours'] / bound:>7.1f}% " + " ".join(f"{tps['ours'] / tps[s]:>10.2f}x" for s in systems[1:])
+            line += "  " + ", ".join(f"{s} {same[s]:.0%}" for s in systems[1:])
+            print(line, flush=True)
+        del model, hf
+    print(f"tok/s = generated tokens (batch x {a.new_tokens}, no prompt or padding) / wall seconds of the whole call, "
+          f"best of {a.repeats}; /x = ours tok/s / x tok/s in this run; bound = batch x {bw / 1e9:.1f} GB/s / weight bytes; "
           f"{torch.get_num_threads()} CPU threads")
     env = {"torch": torch.__version__, "python": platform.python_version(), "cpu_count": os.cpu_count(),
-           "threads": torch.get_num_threads(), "device": a.device, "dtype": a.dtype}
+           "threads": torch.get_num_threads(), "device": a.device, "dtype": a.dtype, "mode": a.mode,
+           "bandwidth_bytes_per_s": bw}
+    try:
+        import transformers
+
+        env["transformers"] = transformers.__version__
+    except ImportError:
+        pass
     if a.device == "cuda":
         env["gpu"] = torch.cuda.get_device_name(0)
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
-        json.dump({"environment": env, "settings": {"prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "repeats": a.repeats},
-                   "results": rows}, f, indent=2)
+        json.dump({"environment": env, "settings": {"prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "repeats": a.repeats,
+                                                    "systems": systems}, "results": rows}, f, indent=2)
     print(f"wrote {a.out}")
-    return 0 if all(r["same_tokens"] for r in rows) else 1
+    return 0 if exact_ok else 1
 
 
 if __name__ == "__main__":

@@ -125,6 +125,7 @@ def child_fsdp1(a) -> dict:
     from elastic.train.optim import build_optimizer
     from elastic.train.parallelize import parallelize
     from elastic.train.step import causal_lm_loss, label_count, split_micro, train_step
+    from elastic.train.comm import Comm
     from elastic.train.timing import StepTimer
 
     torch.set_num_threads(a.threads)
@@ -133,6 +134,7 @@ def child_fsdp1(a) -> dict:
     dist.init_process_group("gloo", rank=0, world_size=1)
     cfg = _config(a)
     dev = torch.device("cpu")
+    comm = Comm(dev)
     model, args, _ = build_model(cfg, dev)
     model = parallelize(model, dev, torch.float32)
     opt = build_optimizer(model, 1e-3, 0.1, (0.9, 0.95), fused=False)
@@ -145,7 +147,7 @@ def child_fsdp1(a) -> dict:
         rows = _batch(args, a.batch, a.seq_len, step)
         timer = StepTimer(dev)
         t0 = time.perf_counter()
-        train_step(model, opt, split_micro(rows, a.micro), causal_lm_loss, float(label_count(rows)), 1.0, dev, timer)
+        train_step(model, opt, split_micro(rows, a.micro), causal_lm_loss, float(label_count(rows)), 1.0, comm, timer)
         times.append(time.perf_counter() - t0)
         phases.append(timer.seconds())
     marks.append((time.perf_counter(), _process_cpu()))

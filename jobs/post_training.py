@@ -26,7 +26,9 @@ def starting_policy(label: str, overrides: List[str]) -> str:
     from elastic.launch.grpo import latest_checkpoint
     from elastic.launch.pretrain import run_pretraining
 
-    sft = load_config(SFT_DEFAULT, [o for o in overrides if o.startswith(("run.storage_path=", "wandb."))])
+    # Where runs live, logging, and how the cluster is used carry over to the SFT run.
+    carried = ("run.storage_path=", "wandb.", "scaling.use_gpu=", "scaling.fit=", "scaling.resource_wait_s=")
+    sft = load_config(SFT_DEFAULT, [o for o in overrides if o.startswith(carried)])
     ckpt = latest_checkpoint(run_dir(sft))
     if ckpt is None or not ckpt.endswith(f"step_{sft.train.steps:08d}"):
         print(f"[elastic] no finished SFT policy at {run_dir(sft)}: running jobs/sft.py's default first")
@@ -51,7 +53,11 @@ def main(argv, *, job: str, label: str, default_config: str, doc: str, example: 
     try:
         cfg = load_config(path, args.overrides, job=job)
         if not cfg.model.init_from:
-            cfg = load_config(path, args.overrides + [f"model.init_from={starting_policy(label, args.overrides)}"], job=job)
+            # The SFT chain is a run of its own: its cluster, lease and data errors are one line too.
+            policy, code = run_or_exit_code(starting_policy, label, args.overrides)
+            if policy is None:
+                return code
+            cfg = load_config(path, args.overrides + [f"model.init_from={policy}"], job=job)
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2

@@ -31,7 +31,13 @@ class Profile:
     backward: float = 0.60
     optimizer: float = 0.05
     comm_frac: float = 0.05  # exposed comm as a share of forward+backward (profiled steps)
-    checkpoint: float = 0.05  # on saving steps
+    checkpoint: float = 0.05  # on saving steps (asynchronous saves: their stall)
+    # Set: asynchronous saves (today's trainer): on the saving step `checkpoint` is the stall, of
+    # which `checkpoint_wait` waited for the previous save; the write takes `checkpoint_write`
+    # seconds in the background and is registered at the next step (`checkpoint_done` event).
+    # None: synchronous saves without stall fields or events (trainers before async saves).
+    checkpoint_write: Optional[float] = None
+    checkpoint_wait: float = 0.0
     sync: float = 0.002  # waiting at the step's collectives for the slowest rank
     # GRPO (used when grpo=True)
     generate: float = 2.0
@@ -100,8 +106,13 @@ def simulate(sim: Sim) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]], floa
             parts = {"data_wait_s": j(p.data_wait) + (sim.first_step_wait if first else 0.0), "forward_s": j(p.forward),
                      "backward_s": j(p.backward), "optimizer_s": j(p.optimizer)}
         parts["sync_s"] = j(p.sync)
+        extra: Dict[str, Any] = {}
         if step % sim.every == 0 or step == total:
             parts["checkpoint_s"] = j(p.checkpoint)
+            if p.checkpoint_write is not None:
+                extra = {"checkpoint_stall_s": parts["checkpoint_s"], "checkpoint_wait_s": min(p.checkpoint_wait, parts["checkpoint_s"])}
+        elif p.checkpoint_write is not None and step % sim.every == 1 and step > 1:
+            parts["checkpoint_s"] = 0.004  # the agreement and the registration of the previous save
         step_s = sum(parts.values()) + 0.002
         t += step_s
         tokens = int(B * seq * 0.97)
@@ -113,7 +124,7 @@ def simulate(sim: Sim) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]], floa
         rec: Dict[str, Any] = {
             "step": step, "loss": loss, "lr": lr, "grad_norm": grad, "tokens": tokens, "tokens_per_s": tokens / step_s,
             "mfu": sim.mfu * (1 + float(rng.normal(0, 0.02))), "step_s": step_s, "world_size": world,
-            "samples_consumed": step * B, "bad_rows": 3, "time": t, **parts,
+            "samples_consumed": step * B, "bad_rows": 3, "time": t, **parts, **extra,
             "slowest_rank_step_s": step_s * 0.98, "skipped": False, "bad_steps": 0,
         }
         if step % sim.profile_every == 0 and not sim.grpo:
@@ -144,8 +155,11 @@ def simulate(sim: Sim) -> Tuple[List[Dict[str, Any]], List[Dict[str, Any]], floa
                        gen_tokens_per_s=900.0, reward_evals_per_s=6.0)
             if step % sim.eval_every == 0:
                 rec.update(heldout_pass_at_1=pr * 0.8, heldout_speedup=1.0 + progress / 2)
-        if "checkpoint_s" in parts:
+        if "checkpoint_s" in parts and (p.checkpoint_write is None or "checkpoint_stall_s" in extra):
             last_ckpt = step
+        if "checkpoint_stall_s" in extra:
+            events.append({"event": "checkpoint_done", "time": t + p.checkpoint_write, "step": step,
+                           "write_s": j(p.checkpoint_write), "stall_s": extra["checkpoint_stall_s"], "async": True})
         useful += step_s
         rec["goodput"] = useful / (t - sim.t0)
         metrics.append(rec)

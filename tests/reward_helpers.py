@@ -93,8 +93,26 @@ def mixed_items(problems, tag: str, copies: int = 1) -> Tuple[List[Tuple[str, st
     return items, expected
 
 
+def own_process(pid: int) -> bool:
+    """Whether `pid` descends from this test process. The tests' Ray cluster is started here
+    (`ray.init(address="local")`: raylet, then its workers, are our descendants), so this tells
+    our Ray workers from those of anyone else's Ray session on a shared machine, which a test
+    must never signal."""
+    me = os.getpid()
+    while pid > 1:
+        if pid == me:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])  # ppid (after the parenthesised name)
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
 def evaluating_actor_pids() -> List[int]:
-    """Pool actors busy in `evaluate` right now (Ray titles a process by the method it runs)."""
+    """This session's pool actors busy in `evaluate` right now (Ray titles a process by the
+    method it runs)."""
     found = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -103,7 +121,7 @@ def evaluating_actor_pids() -> List[int]:
             argv0 = Path(f"/proc/{d}/cmdline").read_bytes().split(b"\0")[0]
         except OSError:
             continue
-        if argv0 == b"ray::RewardActor.evaluate":
+        if argv0 == b"ray::RewardActor.evaluate" and own_process(int(d)):
             found.append(int(d))
     return found
 

@@ -9,10 +9,10 @@ import sys
 from tests.conftest import REPO
 
 
-def _run(script, out, *extra):
+def _run(script, out, *extra, timeout=600):
     env = {**os.environ, "RAY_ADDRESS": "local", "WANDB_MODE": "disabled"}
     r = subprocess.run([sys.executable, str(REPO / "bench" / script), "--smoke", "--out", str(out), *extra],
-                       capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+                       capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return r.stdout, json.loads(out.read_text())
 
@@ -23,9 +23,15 @@ def test_train_throughput_smoke(tmp_path):
     rows = res["results"]
     assert [r["config"]["train.activation_checkpointing"] for r in rows] == ["none", "full"]
     for r in rows:
+        # 5 steps: the warm-up, steady steps 2 and 4, saves at 3 (the run goes on past it) and 5 (final)
         assert r["steps_measured"] == 2 and r["tokens_per_s"] > 0 and 0 < r["mfu"] < 1
         assert r["attention_backend"] == "sdpa_mask" and r["device"] == "cpu"
+        assert [(c["step"], c["final"]) for c in r["checkpoints"]] == [(3, False), (5, True)]
+        assert all(c["stall_s"] is not None and c["stall_s"] >= 0 for c in r["checkpoints"])
     assert res["environment"]["torch"] and res["environment"]["ray"]
+    assert "ckpt stall_s" in stdout
+    # what the sweep wrote is gone: no run directory is left behind
+    assert res["args"]["storage"] and not os.path.exists(res["args"]["storage"])
 
 
 def test_data_throughput_smoke(tmp_path):
@@ -37,3 +43,28 @@ def test_data_throughput_smoke(tmp_path):
     assert [w["world_size"] for w in ws] == [1, 2] and all(w["tokenize_cpu_s"] > 0 for w in ws)
     assert ws[0]["source"] == "cache build records" and all(w["builds"] >= 1 for w in ws)
     assert res["default_job"]["steps"] == 3 and 0 <= res["default_job"]["share_all"] < 1
+
+
+def test_gpu_check_smoke(tmp_path):
+    """The one-command GPU check runs every part at toy sizes on CPU: the GPU tests (skipped
+    here), every job's default at 1 worker, the throughput row beside the HF peer, generation,
+    the memory table; it writes JSON and markdown and deletes its run directories."""
+    stdout, res = _run("gpu_check.py", tmp_path / "gc.json", timeout=1500)
+    assert res["smoke"] and res["parts"] == ["tests", "jobs", "throughput", "generation", "memory"]
+    assert res["tests"]["returncode"] == 0 and res["tests"].get("skipped", 0) >= 1  # no CUDA here
+    for name in ("pretrain", "sft", "dpo", "grpo"):
+        job = res["jobs"][name]
+        assert job["returncode"] == 0, (name, job)
+        assert job["world_size"] == 1 and job["device"] == "cpu"
+        # GRPO's toy step may filter every group (equal rewards): no update, no trained tokens,
+        # while its generation and log-prob passes still count in MFU
+        assert job["steady_steps"] >= 1 and job["tokens_per_s"] >= (name != "grpo") and job["mfu"] > 0, (name, job)
+        assert job["bottleneck"].startswith("[elastic] bottleneck: ")
+        assert not os.path.exists(job["run_dir"])  # deleted with the check's storage
+    tp = res["throughput"]
+    assert tp["returncode"] == 0 and tp["rows"][0]["tokens_per_s"] > 0 and tp["peers"][0]["tokens_per_s"] > 0
+    assert list(tp["best_ratio_vs_peer"].values())[0] > 0
+    assert res["generation"]["returncode"] == 0, res["generation"]
+    assert res["memory"]["presets"]["8b"]["full_training_state_gib"] > 100
+    md = (tmp_path / "gc.md").read_text()
+    assert "## Jobs at 1 worker" in md and "| grpo | 0 |" in md and "Best of ours / best of the peer" in md

@@ -1,28 +1,34 @@
-"""Killing the job while a checkpoint is being written leaves the previous checkpoint intact,
-and the relaunched run resumes from it (not from the half-written one).
+"""A crash while a checkpoint is being written never spoils the last complete one, and the run
+resumes from it: with asynchronous saves (the default), the crash lands in the background write
+while training has already gone on.
 
-Fault injection (ELASTIC_FAULT_CKPT_DELAY) stalls rank 1 inside the write of checkpoint 4
-while rank 0 has written its part and waits in `ray.train.report` (a barrier: Ray uploads
-nothing until every rank reports). Then the driver, the Ray cluster it started and every
-worker are SIGKILLed. To also cover a crash *during the upload*, rank 0's real step-4 files
-are then placed in storage the way an interrupted upload leaves them (no rank-1 shard, never
-registered with Ray Train).
+Fault injection (ELASTIC_FAULT_CKPT_DELAY, elastic/train/checkpoint.py) stalls rank 1 inside its
+write of checkpoint 4 (before any of its data is written; with `once=`, only the first time).
+Rank 0's write waits in DCP's collectives for rank 1's, so neither `.metadata` nor a `step_4`
+directory ever appears: rank 0's shard sits in `step_00000004.partial/`. Training goes on to
+step 5 meanwhile (the save is off the critical path); the last step's save then waits for it.
+
+1. One worker is SIGKILLed in that state. Ray Train restarts the worker group within the same
+   job, from the last *registered* checkpoint (step 2); the run finishes with the losses and the
+   final weights of an undisturbed run (which saves synchronously: asynchronous saves resume
+   exactly like synchronous ones), every sample trained exactly once.
+2. The whole job (driver, its Ray cluster, every worker) is SIGKILLed in that state and launched
+   again: it resumes from step 2, clears the half-written directory and finishes.
 """
 
-import glob
 import json
 import os
-import shutil
 import signal
-import tempfile
 import subprocess
 import sys
 import time
 
 import psutil
+import torch
 
 from elastic.launch import ledger
 from elastic.launch.recovery import analyze
+from elastic.model.dcp_io import read_model_state
 from tests.conftest import REPO
 from tests.helpers import make_text_corpus, read_jsonl, small_run_overrides
 
@@ -47,48 +53,105 @@ def _kill_tree(proc):
     proc.wait(timeout=30)
 
 
-def _rank0_partial(since: float, step: int):
-    """Rank 0's local DCP output for `step` (it holds train_state.json), once complete."""
-    for d in glob.glob(os.path.join(tempfile.gettempdir(), "elastic-ckpt-*")):
-        st = os.path.join(d, "train_state.json")
-        if os.path.exists(st) and os.path.getmtime(st) >= since:
-            with open(st) as f:
-                if json.load(f).get("step") == step:
-                    return d
-    return None
+def _registered(run):
+    """The checkpoint Ray Train resumes from (its controller's persisted snapshot)."""
+    try:
+        snap = json.loads((run / "checkpoint_manager_snapshot.json").read_text())
+        return (snap.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name")
+    except (OSError, ValueError):
+        return None
 
 
-def test_crash_during_checkpoint_write_resumes_from_previous(tmp_path):
-    corpus = make_text_corpus(tmp_path / "corpus")
-    store = tmp_path / "runs"
-    run = store / "crash"
-    ov = small_run_overrides(store, "crash", corpus, STEPS)
-    with open(tmp_path / "first.log", "w") as log:
-        p = _job(ov, {"ELASTIC_FAULT_CKPT_DELAY": "rank=1,step=4,seconds=300"}, log)
-        t0 = time.time()
-        rank0_dir = None
-        while time.time() < t0 + 300 and rank0_dir is None:
-            assert p.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-            rank0_dir = _rank0_partial(t0, step=4)
-            time.sleep(0.5)
-        assert rank0_dir is not None, "rank 0 never wrote its part of checkpoint 4"
-        time.sleep(1)
-        assert (run / "step_00000002").is_dir() and not (run / "step_00000004").exists()
-        _kill_tree(p)
-    partial = run / "step_00000004"
-    shutil.copytree(rank0_dir, partial)
-    assert "__0_0.distcp" in os.listdir(partial) and "__1_0.distcp" not in os.listdir(partial)
+def _steps_done(run):
+    return {r["step"] for r in read_jsonl(run / "metrics.jsonl")} if (run / "metrics.jsonl").exists() else set()
 
-    with open(tmp_path / "second.log", "w") as log:
-        p2 = _job(ov, {}, log)
-        assert p2.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
+
+def _wait_inside_write_of_4(p, run, marker, log):
+    """Until rank 1 stalls in its write of checkpoint 4, step 5 has been trained meanwhile and
+    checkpoint 2 is registered."""
+    t0 = time.time()
+    while time.time() < t0 + 300:
+        assert p.poll() is None, log.read_text()[-3000:]
+        if marker.exists() and 5 in _steps_done(run) and _registered(run) == "step_00000002":
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError("never reached: rank 1 inside checkpoint 4, step 5 trained\n" + log.read_text()[-3000:])
+    time.sleep(1)
+    assert 6 not in _steps_done(run)  # the last step's save waits for checkpoint 4
+    assert not (run / "step_00000004").exists()
+    partial = os.listdir(run / "step_00000004.partial")
+    assert "__0_0.distcp" in partial and "__1_0.distcp" not in partial and ".metadata" not in partial, partial
+
+
+def _checks_after_recovery(run, redone):
     starts = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "start"]
-    assert [s["step"] for s in starts] == [0, 2]  # resumed from the previous good checkpoint
-    assert "step_00000002" in starts[1]["resumed_from"]
+    assert [s["step"] for s in starts] == [0, 2]  # resumed from the previous complete checkpoint
+    assert starts[1]["resumed_from"].endswith("step_00000002")
     steps = [r["step"] for r in read_jsonl(run / "metrics.jsonl")]
     assert sorted(set(steps)) == list(range(1, STEPS + 1))
     acc = analyze(str(run))
-    assert [r["cause"] for r in acc["restarts"]] == ["relaunch"] and acc["restarts"][0]["steps_redone"] == 2
+    # step 6 trained (its checkpoint_start is recorded) and waited for checkpoint 4: 3..6 are redone
+    assert [r["steps_redone"] for r in acc["restarts"]] == [redone], acc["restarts"]
     check = ledger.check(str(run / "ledger.jsonl"), 8, STEPS)
     assert check["ok"], check
+    assert sorted(n for n in os.listdir(run) if n.startswith("step_")) == ["step_00000004", "step_00000006"]
+    assert _registered(run) == "step_00000006"
+    return acc
+
+
+def _final_losses(run):
+    final = {}
+    for r in read_jsonl(run / "metrics.jsonl"):
+        final[r["step"]] = r["loss"]
+    return [final[s] for s in range(1, STEPS + 1)]
+
+
+def test_worker_killed_during_async_write_resumes_like_an_undisturbed_run(tmp_path):
+    corpus = make_text_corpus(tmp_path / "corpus")
+    store = tmp_path / "runs"
+    ref = _job(small_run_overrides(store, "ref", corpus, STEPS, **{"checkpoint.async_save": "false"}), {},
+               open(tmp_path / "ref.log", "w"))
+    assert ref.wait(timeout=600) == 0, (tmp_path / "ref.log").read_text()[-3000:]
+
+    run, marker, log = store / "crash", tmp_path / "delay-fired", tmp_path / "crash.log"
+    p = _job(small_run_overrides(store, "crash", corpus, STEPS),
+             {"ELASTIC_FAULT_CKPT_DELAY": f"rank=1,step=4,seconds=300,once={marker}"}, open(log, "w"))
+    try:
+        _wait_inside_write_of_4(p, run, marker, log)
+        workers = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "worker" and e["rank"] == 1]
+        os.kill(workers[-1]["pid"], signal.SIGKILL)
+        assert p.wait(timeout=600) == 0, log.read_text()[-3000:]
+    finally:
+        if p.poll() is None:
+            _kill_tree(p)
+    acc = _checks_after_recovery(run, redone=4)
+    assert [r["cause"] for r in acc["restarts"]] == ["failure"]
+    done = [e["step"] for e in read_jsonl(run / "events.jsonl") if e["event"] == "checkpoint_done"]
+    assert done == [2, 4, 6]  # 4 only by the restarted group
+
+    # The same result as the undisturbed (synchronously saving) run: per-step losses, and the
+    # final checkpoint's weights and optimizer state, bit for bit.
+    assert _final_losses(run) == _final_losses(store / "ref")
+    a, b = read_model_state(str(run / "step_00000006")), read_model_state(str(store / "ref" / "step_00000006"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for name in ("__0_0.distcp", "__1_0.distcp"):
+        assert (run / "step_00000006" / name).read_bytes() == (store / "ref" / "step_00000006" / name).read_bytes()
+
+
+def test_job_killed_during_async_write_relaunches_from_the_previous_checkpoint(tmp_path):
+    corpus = make_text_corpus(tmp_path / "corpus")
+    store = tmp_path / "runs"
+    run, marker, log = store / "crash", tmp_path / "delay-fired", tmp_path / "first.log"
+    ov = small_run_overrides(store, "crash", corpus, STEPS)
+    p = _job(ov, {"ELASTIC_FAULT_CKPT_DELAY": f"rank=1,step=4,seconds=300,once={marker}"}, open(log, "w"))
+    try:
+        _wait_inside_write_of_4(p, run, marker, log)
+    finally:
+        _kill_tree(p)
+
+    p2 = _job(ov, {}, open(tmp_path / "second.log", "w"))
+    assert p2.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    acc = _checks_after_recovery(run, redone=4)
+    assert [r["cause"] for r in acc["restarts"]] == ["relaunch"]
     assert (run / f"step_{STEPS:08d}" / "__1_0.distcp").exists()

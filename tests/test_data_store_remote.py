@@ -8,6 +8,7 @@ with its own private Ray instance, which inherits those variables (as a real clu
 would carry their credentials).
 """
 
+import glob
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pyarrow.fs as pafs
 import pytest
 
 from elastic.records import append_record, read_records
+from elastic.train.checkpoint import latest_complete
 from tests.conftest import REPO
 from tests.helpers import make_text_corpus, small_run_overrides
 
@@ -80,6 +82,7 @@ def test_run_on_s3_keeps_cache_and_records_in_the_bucket_and_resumes(s3, tmp_pat
     run = f"{storage}/{name}"
     steps, stop = 6, 3
     base = small_run_overrides(storage, name, corpus, steps)
+    stages = set(glob.glob(os.path.join(tempfile.gettempdir(), "elastic-ckpt-*")))
     assert _job(base + [f"train.until_step={stop}"], tmp_path / "first.log") == 0, (tmp_path / "first.log").read_text()[-3000:]
     first = build_summary(f"{run}/cache")
     assert len(first) == 1 and next(iter(first.values()))["builds"] >= 1, first
@@ -98,6 +101,11 @@ def test_run_on_s3_keeps_cache_and_records_in_the_bucket_and_resumes(s3, tmp_pat
     names = [i.base_name for i in fs.get_file_info(pafs.FileSelector(p, recursive=True))]
     assert sum(n.endswith(".arrow") for n in names) == per_key["shards"]
     assert not any(".tmp-" in n for n in names)
+    # Checkpoints: DCP staged locally, each rank uploaded its files, Ray Train registered the
+    # directory without copying it again; no local stage is left behind.
+    found = latest_complete(run)
+    assert found and found[0] == f"{run}/step_{steps:08d}" and found[1]["step"] == steps
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "elastic-ckpt-*"))) <= stages
     # Nothing of the run's records went to a local mirror on this machine.
     mirror = os.path.join(tempfile.gettempdir(), "elastic-runs", name)
     assert not os.path.exists(os.path.join(mirror, "metrics.jsonl"))

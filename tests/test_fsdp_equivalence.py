@@ -17,7 +17,8 @@ from elastic.config import from_dict
 from elastic.data.packing import pack_documents
 from elastic.train.loop import build_model, build_sharded_model
 from elastic.train.optim import build_optimizer
-from elastic.train.step import causal_lm_loss, global_sum, label_count, split_micro, train_step
+from elastic.train.comm import Comm
+from elastic.train.step import causal_lm_loss, label_count, split_micro, train_step
 
 CFG = {"model": {"preset": "tiny", "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 128},
        "data": {"vocab_size": 300, "seq_len": 32}, "train": {"global_batch_size": 8, "micro_batch_size": 2, "param_dtype": "fp32"},
@@ -40,9 +41,10 @@ def local_step(model, opt, step: int, world: int, rank: int):
     gb = fixed_global_batch(step)
     per = 8 // world
     local = {k: gb[k][rank * per:(rank + 1) * per] for k in ("tokens", "positions", "doc_ids", "labels")}
-    norm = global_sum([label_count(local)], cpu)[0]
+    comm = Comm(cpu)
+    norm = comm.sum([label_count(local)])[0]
     assert norm == label_count(gb)
-    out = train_step(model, opt, split_micro(local, 2), causal_lm_loss, norm, 1.0, cpu)
+    out = train_step(model, opt, split_micro(local, 2), causal_lm_loss, norm, 1.0, comm)
     return out.stats["loss_sum"] / norm
 
 

@@ -1,11 +1,13 @@
 """Generation inside a 2-worker FSDP2 Ray Train group equals generation in one process.
 
 Each rank generates its own prompts, with a different number of decode steps per rank
-(different max_new_tokens, a stop token that ends some rows early): with one all-gather per
-decode step that would hang on mismatched collectives. torch.profiler confirms the
-mechanism: inside `gathered_parameters` generation issues no collective at all, while the
-same generate() on the sharded model without it issues FSDP all-gathers (the control shows
-the profiler does see them). Training still works on the model afterwards.
+(different max_new_tokens, a stop token that ends some rows early, continuous batching with
+fewer slots than prompts): with one all-gather per decode step that would hang on mismatched
+collectives. torch.profiler confirms the mechanism: inside `gathered_parameters` generation
+issues no collective at all, while the reference path (generate_reference, which calls the root
+forward and so FSDP's hooks) on the sharded model without it issues FSDP all-gathers (the
+control shows the profiler does see them). The engine itself refuses a sharded model (it runs
+the blocks without FSDP's hooks). Training still works on the model afterwards.
 fp32 parameters: tokens must be identical, log-probabilities within 1e-5. A bf16
 mixed-precision group must give the same greedy tokens as the model cast to bf16.
 """
@@ -17,6 +19,7 @@ import torch
 
 from elastic.model import ModelArgs, Transformer
 from elastic.model.generate import generate
+from elastic.model.generate_reference import generate_reference
 
 ARGS = dict(vocab_size=300, dim=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=32)
 PROMPTS = {0: [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15]], 1: [[20, 21], [22, 23, 24, 25, 26]]}
@@ -70,11 +73,17 @@ def worker(config):
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             greedy = [c.__dict__ for c in generate(model, prompts, n_new, stop_token_ids=[stop])]
             sampled = [c.__dict__ for c in generate(model, prompts, n_new, **dict(SAMPLING, seed=SAMPLING["seed"][:len(prompts)]))]
+            batched = [c.__dict__ for c in generate(model, prompts, n_new, stop_token_ids=[stop], max_batch=1)]
     inside = _collectives(prof)
     # Control: same step count on both ranks (no hang), no gathering: FSDP all-gathers per forward.
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        generate(model, [[1, 2, 3]], 3)
+        generate_reference(model, [[1, 2, 3]], 3)
     control = _collectives(prof)
+    try:
+        generate(model, [[1, 2, 3]], 3)
+        refused = False
+    except ValueError as e:
+        refused = "gathered_parameters" in str(e)
     # The convenience wrapper, and training afterwards (parameters resharded, grads flow).
     again = [c.__dict__ for c in fsdp_generate(model, prompts, n_new, stop_token_ids=[stop])]
     tokens = torch.randint(0, 300, (2, 16), generator=torch.Generator().manual_seed(rank))
@@ -90,7 +99,8 @@ def worker(config):
     fully_shard(bf, mesh=mesh, mp_policy=mp16)
     bf16 = [c.__dict__ for c in fsdp_generate(bf, prompts, 16)]
     with open(os.path.join(config["out"], f"rank{rank}.json"), "w") as f:
-        json.dump({"greedy": greedy, "sampled": sampled, "again": again, "inside": inside, "control": control,
+        json.dump({"greedy": greedy, "sampled": sampled, "batched": batched, "refused": refused, "again": again,
+                   "inside": inside, "control": control,
                    "grad_ok": grad_ok, "resharded": all(type(p).__name__ == "DTensor" for p in model.parameters()),
                    "bf16": bf16}, f)
 
@@ -110,11 +120,11 @@ def test_fsdp_generation_matches_single_process(ray_local, tmp_path):
             got = json.load(f)
         assert got["inside"] == [], f"rank {rank}: collectives during gathered generation: {got['inside']}"
         assert any("all_gather" in n.lower() for n in got["control"]), f"rank {rank}: control saw no all-gather: {got['control']}"
-        assert got["grad_ok"] and got["resharded"]
+        assert got["grad_ok"] and got["resharded"] and got["refused"]
         prompts, n_new = PROMPTS[rank], MAX_NEW[rank]
         ref_greedy = generate(ref_model, prompts, n_new, stop_token_ids=[stop])
         ref_sampled = generate(ref_model, prompts, n_new, **dict(SAMPLING, seed=SAMPLING["seed"][:len(prompts)]))
-        for name, ref in (("greedy", ref_greedy), ("sampled", ref_sampled), ("again", ref_greedy)):
+        for name, ref in (("greedy", ref_greedy), ("sampled", ref_sampled), ("again", ref_greedy), ("batched", ref_greedy)):
             for i, (a, b) in enumerate(zip(got[name], ref)):
                 assert a["tokens"] == b.tokens, f"rank {rank} {name} prompt {i}"
                 assert a["finish_reason"] == b.finish_reason

@@ -114,14 +114,17 @@ def test_grpo_end_to_end_and_exact_resume(policy, baseline, tmp_path):
 
 
 def _train_worker_pids():
-    """Ray Train worker processes (Ray titles a process by its actor class)."""
+    """This session's Ray Train worker processes (Ray titles a process by its actor class; other
+    Ray sessions on a shared machine have their own, which a test must not kill)."""
+    from tests.reward_helpers import own_process
+
     found = []
     for d in os.listdir("/proc"):
         try:
             argv0 = open(f"/proc/{d}/cmdline", "rb").read().split(b"\0")[0]
         except OSError:
             continue
-        if argv0.startswith(b"ray::RayTrainWorker"):
+        if argv0.startswith(b"ray::RayTrainWorker") and own_process(int(d)):
             found.append(int(d))
     return found
 

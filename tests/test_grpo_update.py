@@ -16,6 +16,7 @@ from elastic.config import from_dict
 from elastic.rl.aggregation import StepCounts
 from elastic.rl.grpo import make_grpo_loss
 from elastic.rl.prompts import rank_completions
+from elastic.train.comm import Comm
 from elastic.train.loop import build_model, build_sharded_model
 from elastic.train.optim import build_optimizer
 from elastic.train.step import split_micro, train_step
@@ -57,7 +58,7 @@ def run(model, world: int, rank: int, loss_agg: str):
         (mine,) = rank_completions(N, 1, world, rank)
         local = {k: v[mine] for k, v in batch.items()}
         out = train_step(model, opt, split_micro(local, MICRO), make_grpo_loss(cfg.rl, lambda: counts), 1.0, 1.0,
-                         torch.device("cpu"))
+                         Comm(torch.device("cpu")))
         losses.append(out.stats["loss_sum"])
     return losses
 

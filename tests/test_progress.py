@@ -110,3 +110,25 @@ def test_a_resumed_run_does_not_replay_its_history(tmp_path):
 def test_formatting_helpers():
     assert fmt_duration(59.6) == "1m00s" and fmt_duration(3725) == "1h02m" and fmt_duration(None) == "?"
     assert bar(0.0, 4) == "    " and bar(1.0, 4) == "████" and bar(0.5, 4) == "██  " and len(bar(0.3, 10)) == 10
+
+
+def test_rate_leaves_out_each_worker_groups_warmup_step_and_uses_a_recent_window(tmp_path):
+    """The first H100 run showed 16k tok/s at step 13 while steps ran at 57k: the first step
+    (compile) was in the average. Tokens/s and MFU are over the last steady steps only."""
+    p = Progress(str(tmp_path), total=100, stream=io.StringIO(), interval_s=3600, poll_s=0.02)
+    append_record(str(tmp_path / EVENTS), {"event": "start", "time": 1000.0, "world_size": 1, "step": 0})
+    append_record(str(tmp_path / METRICS), _rec(1, 1060.0, step_s=60.0, mfu=0.004, warmup=True))
+    p.poll()
+    assert p.rate() == (2000 / 60.0, 0.004)  # only the warm-up step so far: its own figures
+    for s in range(2, 30):  # slow steps, then fast ones: the window follows the recent pace
+        append_record(str(tmp_path / METRICS), _rec(s, 1060.0 + s, step_s=1.0 if s < 20 else 0.05, mfu=0.02 if s < 20 else 0.4))
+    p.poll()
+    tps, mfu = p.rate()
+    assert abs(tps - 2000 / 0.05) < 1e-6 and abs(mfu - 0.4) < 1e-12
+    assert "40,000 tok/s | MFU 40.0%" in p.plain_line()
+    # A new worker group: its own warm-up is left out again.
+    append_record(str(tmp_path / EVENTS), {"event": "start", "time": 1100.0, "world_size": 2, "step": 29})
+    append_record(str(tmp_path / METRICS), _rec(30, 1130.0, step_s=30.0, warmup=True))
+    append_record(str(tmp_path / METRICS), _rec(31, 1130.5, step_s=0.5, mfu=0.3))
+    p.poll()
+    assert p.rate() == (2000 / 0.5, 0.3)

@@ -62,6 +62,34 @@ def test_checkpoint_bound():
     assert "checkpoint.every_steps (now 20)" in d.lever
 
 
+def test_synchronous_checkpoints_point_at_async_save():
+    d = diagnose(*simulate(Sim(every=5, profile=Profile(checkpoint=1.5)))[:2], None,
+                 {**CFG, "checkpoint": {"every_steps": 5, "async_save": False}})
+    assert d.name == "checkpoint" and "synchronous" in d.evidence
+    assert d.lever.startswith("checkpoint.async_save: true (now False)")
+
+
+def test_async_checkpoints_state_the_stall_per_save_and_the_background_write():
+    # Each save stalls ~0.9 s, ~0.8 s of it waiting for the previous save's 6 s background
+    # write: writes outlast the 5 steps between saves.
+    d = run(Sim(every=5, profile=Profile(checkpoint=0.9, checkpoint_wait=0.8, checkpoint_write=6.0)))
+    f = d.figures
+    assert d.name == "checkpoint"
+    assert f["checkpoint_async"] is True and f["checkpoint_saves"] == 200 // 5
+    assert 0.8 < f["checkpoint_stall_s_mean"] < 1.0 and 5.0 < f["checkpoint_write_s_mean"] < 7.0
+    assert d.evidence.startswith(f"checkpointing blocked training {d.score:.0%} of step time ({f['checkpoint_stall_s_mean']:.3g} s stall per save")
+    assert "s of it waiting for the previous save; background write" in d.evidence
+    assert "each save waits for the previous one's background write" in d.lever and "checkpoint.every_steps (now 20)" in d.lever
+    # the cost of a checkpoint (Young's rule) is every blocked second per save: stall + registration
+    assert math.isclose(f["checkpoint_blocked_per_save_s"], f["checkpoint_stall_s_mean"] + 0.004, rel_tol=0.02)
+
+
+def test_short_async_stalls_are_no_finding():
+    d = run(Sim(every=20, profile=Profile(checkpoint=0.01, checkpoint_write=3.0)))
+    assert "checkpoint" not in [x.name for x in d.findings]
+    assert d.figures["checkpoint_share"] < 0.01 and 2.5 < d.figures["checkpoint_write_s_mean"] < 3.5
+
+
 def test_waiting_for_the_slowest_rank_is_sync():
     d = run(Sim(profile=Profile(sync=0.4)))
     assert d.name == "sync"

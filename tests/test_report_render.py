@@ -125,6 +125,24 @@ def test_grpo_run(tmp_path):
     check_pngs(d, {"loss", "throughput", "step_time", "memory", "timeline", "grpo"})
 
 
+def test_checkpoint_stall_per_save(tmp_path, finished):
+    """Asynchronous saves: the summary states the stall per save and the background write, and a
+    table lists each save. An older (synchronous) run still reads: its stall is checkpoint_s."""
+    d = tmp_path / "async"
+    write_run(str(d), Sim(steps=200, every=10, profile=Profile(checkpoint=0.02, checkpoint_wait=0.005, checkpoint_write=4.0)))
+    md = Path(write_report(str(d))).read_text()
+    row = summary_table(md)["checkpoint stall"]
+    assert row.startswith("0.02") and " s per save (max " in row and "over 20 steady saves; write 3.9" in row
+    assert row.endswith("s per save in the background (asynchronous)")
+    section = md.split("## Checkpoints")[1].split("\n## ")[0]
+    assert "The last 10 of 20 saves:" in section
+    lines = [ln for ln in section.splitlines() if ln.startswith("| ") and ln[2].isdigit()]
+    assert [int(ln.split("|")[1]) for ln in lines] == list(range(110, 201, 10))
+    assert all(ln.rstrip().endswith("| async |") for ln in lines)
+    old = summary_table(Path(write_report(str(finished))).read_text())["checkpoint stall"]
+    assert old.startswith("0.0") and "steady saves" in old and "asynchronous" not in old
+
+
 def test_empty_and_half_written_run_dirs(tmp_path):
     d = tmp_path / "empty"
     d.mkdir()

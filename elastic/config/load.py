@@ -79,6 +79,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     if tp is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, bool):  # YAML's true/false for a field spelled auto|true|false
+            return "true" if value else "false"
         raise ConfigError(f"{key}: expected a string, got {value!r}")
     raise ConfigError(f"{key}: unsupported type {_type_name(tp)}")
 
@@ -212,6 +214,7 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(t.warmup_steps >= 0, "train.warmup_steps", f"must be >= 0, got {t.warmup_steps}")
     _check(t.grad_clip >= 0, "train.grad_clip", f"must be >= 0, got {t.grad_clip}")
     _check(t.param_dtype in ("auto", "bf16", "fp32"), "train.param_dtype", f"must be auto|bf16|fp32, got {t.param_dtype!r}")
+    _check(t.compile in ("auto", "true", "false"), "train.compile", f"must be auto|true|false, got {t.compile!r}")
     _check(t.activation_checkpointing in ("none", "full"), "train.activation_checkpointing", f"must be none|full, got {t.activation_checkpointing!r}")
     _check(0 <= t.until_step <= t.steps, "train.until_step", f"must be in [0, train.steps={t.steps}], got {t.until_step}")
     _check(t.log_every >= 1, "train.log_every", f"must be >= 1, got {t.log_every}")
@@ -223,6 +226,7 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(s.min_workers >= 1, "scaling.min_workers", f"must be >= 1, got {s.min_workers}")
     _check(s.max_workers >= s.min_workers, "scaling.max_workers", f"must be >= scaling.min_workers={s.min_workers}, got {s.max_workers}")
     _check(s.use_gpu in ("auto", "true", "false"), "scaling.use_gpu", f"must be auto|true|false, got {s.use_gpu!r}")
+    _check(s.fit in ("auto", "strict"), "scaling.fit", f"must be auto|strict, got {s.fit!r}")
     _check(s.cpus_per_worker >= 0, "scaling.cpus_per_worker", f"must be >= 0, got {s.cpus_per_worker}")
     _check(s.max_failures >= -1, "scaling.max_failures", f"must be >= -1 (-1 = unlimited), got {s.max_failures}")
     _check(s.worker_group_start_timeout_s > 0, "scaling.worker_group_start_timeout_s", "must be > 0")
@@ -289,6 +293,7 @@ def _validate_rl(cfg: Config) -> None:
     _check(rl.group_size >= 2, "rl.group_size", f"must be >= 2 (a group is its own baseline), got {rl.group_size}")
     _check(rl.prompts_per_step >= 1, "rl.prompts_per_step", f"must be >= 1, got {rl.prompts_per_step}")
     _check(rl.max_new_tokens >= 1, "rl.max_new_tokens", f"must be >= 1, got {rl.max_new_tokens}")
+    _check(rl.rollout_batch >= 1, "rl.rollout_batch", f"must be >= 1, got {rl.rollout_batch}")
     _check(rl.temperature > 0, "rl.temperature", f"must be > 0 for training rollouts (evaluation is greedy anyway), got {rl.temperature}")
     _check(0 < rl.top_p <= 1, "rl.top_p", f"must be in (0, 1], got {rl.top_p}")
     _check(rl.top_k >= 0, "rl.top_k", f"must be >= 0 (0 = off), got {rl.top_k}")

@@ -122,7 +122,9 @@ class TrainSection:
     # Parameter/compute dtype under FSDP2's MixedPrecisionPolicy (reduce is always fp32).
     # auto = bf16 on CUDA, fp32 on CPU (CPU bf16 matmuls are emulated and slow).
     param_dtype: str = "auto"
-    compile: bool = False
+    # torch.compile each transformer block: auto = on CUDA (on one H100, 1b at seq 4096: 25.4% ->
+    # 38.7% MFU), off on CPU; true | false force it.
+    compile: str = "auto"
     # none | full: activation checkpointing per transformer block.
     activation_checkpointing: str = "none"
     log_every: int = 10
@@ -150,6 +152,10 @@ class ScalingSection:
     max_workers: int = 2
     # auto = use GPUs when the cluster has them.
     use_gpu: str = "auto"
+    # auto: a GPU run on a cluster with fewer GPUs than min_workers runs on the GPUs there are
+    # (the largest world size <= the GPU count that splits the global batch; an elastic run keeps
+    # its max and grows as GPUs join). strict: wait for min_workers GPUs (autoscaling clusters).
+    fit: str = "auto"
     cpus_per_worker: float = 1.0
     # Extra custom resources each train worker requests (e.g. {"trainer": 1} to pin workers
     # to the KubeRay trainer group).
@@ -200,6 +206,12 @@ class EvalSection:
 class CheckpointSection:
     every_steps: int = 50
     keep_last: int = 2
+    # true: a save blocks the step only to copy model and optimizer state to host memory
+    # (pinned on CUDA) and to wait for the previous save, if it is still writing; the write
+    # runs in the background and the checkpoint is registered with Ray Train at the first
+    # step boundary where every rank's write is complete (the last save of a run is waited
+    # for). false: the step waits for the whole write.
+    async_save: bool = True
 
 
 @dataclass
@@ -274,6 +286,10 @@ class RLSection:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
+    # Rows each rank decodes at once (elastic/model/generate.py max_batch): when a rollout
+    # finishes, the next waiting one takes its slot (continuous batching), so a step's long tail
+    # does not idle the batch; a completion's tokens do not depend on this value.
+    rollout_batch: int = 64
     # Clipped objective: ratio clipped to [1 - clip_low, 1 + clip_high] (clip_high > clip_low is
     # DAPO's clip-higher).
     clip_low: float = 0.2

@@ -48,6 +48,8 @@ def dpo_sources(cfg: Config, local_dir: str) -> tuple[str, str]:
 
 
 class DPOLaunch(JobLaunch):
+    job = "dpo"
+
     def plan(self, cfg: Config, paths: RunPaths, say) -> None:
         from elastic.model.hf import check_init_from
 

@@ -41,6 +41,8 @@ def reward_service_name(cfg: Config) -> str:
 
 
 class GRPOLaunch(JobLaunch):
+    job = "grpo"
+
     def plan(self, cfg: Config, paths: RunPaths, say) -> None:
         from elastic.reward.problems import load_problems
         from elastic.rl.split import split_problems

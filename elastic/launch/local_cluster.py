@@ -55,6 +55,9 @@ class Node:
 @dataclass
 class LocalCluster:
     head_cpus: float = 2
+    # GPUs the head advertises (Ray takes the number as given: a CPU machine can advertise
+    # GPUs to test how jobs fit a GPU cluster; nothing then runs on a real GPU).
+    head_gpus: float = 0
     head_resources: Dict[str, float] = field(default_factory=dict)
     env: Dict[str, str] = field(default_factory=dict)
     nodes: List[Node] = field(default_factory=list)
@@ -93,7 +96,7 @@ class LocalCluster:
         port = free_port()
         self.address = f"127.0.0.1:{port}"
         self._spawn("head", ["--head", f"--port={port}", "--node-ip-address=127.0.0.1", f"--num-cpus={self.head_cpus}",
-                             f"--resources={json.dumps(self.head_resources)}", "--include-dashboard=true",
+                             f"--num-gpus={self.head_gpus}", f"--resources={json.dumps(self.head_resources)}", "--include-dashboard=true",
                              "--dashboard-host=127.0.0.1", f"--dashboard-port={free_port()}",
                              f"--temp-dir={self.temp_dir}",
                              *self._ports()])

@@ -24,6 +24,7 @@ from elastic.data.cursor import Cursor
 from elastic.data.pipeline import DataPlan
 from elastic.launch.cluster import connect, resolve_cluster, wait_for_resources
 from elastic.launch.data_plans import JobData, plan_job_data
+from elastic.launch.fit import fit_to_gpus
 from elastic.launch.lease import RunLease
 from elastic.launch.progress import Progress
 from elastic.train import checkpoint as ckpt_lib
@@ -137,7 +138,7 @@ def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_c
     failure retries, the recovery-events callback. `loop_config` adds job inputs to the
     train_loop_config (which always carries the config, run paths and the device choice)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from ray.train.torch import TorchConfig, TorchTrainer
 
     s = cfg.scaling
     # Read by the Ray Train controller (Ray propagates it from the driver).
@@ -162,6 +163,10 @@ def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_c
                            "records_dir": paths.records_dir, "use_gpu": gpu,
                            **loop_config},
         scaling_config=ScalingConfig(**scaling_kwargs),
+        # The process-group backend: Ray Train's choice (NCCL on GPU workers, gloo otherwise)
+        # unless ELASTIC_TORCH_BACKEND names one, e.g. gloo to run a GPU-shaped job on a cluster
+        # that advertises GPUs it does not have (tests/test_fit_gpus.py).
+        torch_config=TorchConfig(backend=os.environ.get("ELASTIC_TORCH_BACKEND") or None),
         run_config=RunConfig(name=cfg.run.name, storage_path=storage,
                              checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
                              failure_config=FailureConfig(max_failures=s.max_failures),
@@ -221,10 +226,18 @@ def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str], report:
     recs = [r for r in read_records(mpath) if "step" in r]
     s = {"wall_s": round(wall_s, 1), "checkpoint": checkpoint, "metrics": mpath, "steps_logged": len(recs)}
     if recs:
+        from elastic.records import EVENTS
+        from elastic.report.bottleneck import steady_records
+
+        # Throughput over the steady steps (each attempt's first step, with compile and start-up,
+        # left out, as in the report): Σ tokens / Σ step_s, and MFU weighted by step time.
+        steady = steady_records(recs, read_records(os.path.join(paths.records_dir, EVENTS)))
+        steady_s = max(1e-9, sum(r["step_s"] for r in steady))
         s.update(first_loss=recs[0]["loss"], last_loss=recs[-1]["loss"], last_step=recs[-1]["step"],
                  tokens=sum(r["tokens"] for r in recs),
-                 tokens_per_s=sum(r["tokens"] for r in recs) / max(1e-9, sum(r["step_s"] for r in recs)),
-                 mean_mfu=sum(r["mfu"] for r in recs) / len(recs), bad_rows=recs[-1].get("bad_rows", 0))
+                 tokens_per_s=sum(r["tokens"] for r in steady) / steady_s,
+                 mean_mfu=sum(r["mfu"] * r["step_s"] for r in steady) / steady_s, steady_steps=len(steady),
+                 bad_rows=recs[-1].get("bad_rows", 0))
         rl = [r for r in recs if "reward_mean" in r]
         if rl:  # GRPO: reward and pass rate, first vs last steps
             w = max(1, min(10, len(rl) // 3))  # the report's first-10/last-10 windows
@@ -248,6 +261,8 @@ class JobLaunch:
     one line before any cluster work); `start` after connecting (e.g. the reward service);
     `trainer` builds the TorchTrainer; `stop` always runs at the end."""
 
+    job = "pretrain"  # the config validation's job name (elastic/config/load.py validate)
+
     def plan(self, cfg: Config, paths: RunPaths, say) -> None:
         raise NotImplementedError
 
@@ -269,6 +284,7 @@ class LMLaunch(JobLaunch):
 
     def __init__(self, kind: str):
         self.kind = kind
+        self.job = kind
 
     def plan(self, cfg: Config, paths: RunPaths, say) -> None:
         if cfg.model.init_from:
@@ -327,6 +343,14 @@ def run_job(cfg: Config, launch: JobLaunch, out: Optional[TextIO] = None, progre
         for line in launch.describe():
             say(line)
         gpu = use_gpu(cfg)
+        if gpu:  # ask for no more GPU workers than the cluster has (scaling.fit, elastic/launch/fit.py)
+            import ray
+
+            cfg, note = fit_to_gpus(cfg, ray.cluster_resources().get("GPU", 0.0), launch.job)
+            if note:
+                say(note)
+                with open(os.path.join(paths.local_dir, "config.json"), "w") as f:
+                    json.dump(to_dict(cfg), f, indent=2)
         bundles, words = required_bundles(cfg, gpu)
         wait_for_resources(bundles, words, cfg.scaling.resource_wait_s, "scaling.resource_wait_s")
         try:

@@ -1,8 +1,9 @@
 """Plain-PyTorch Llama-style model: no Ray, no torch.distributed.
 
-llama.py (the model), attention.py (document-masked backends), kv_cache.py + generate.py
-(batched generation), hf.py (Hugging Face Llama/Qwen2 in and out), dcp_io.py (reading our
-checkpoints in one process, for tools).
+llama.py (the model), attention.py (document-masked backends), generate.py (the generation
+engine: decoder.py, static_cache.py, sampling.py, cuda_graphs.py; generate_reference.py and
+kv_cache.py are the pre-engine path, kept as its reference), hf.py (Hugging Face Llama/Qwen2
+in and out), dcp_io.py (reading our checkpoints in one process, for tools).
 """
 
 from elastic.model.attention import BACKENDS, available_backends, build_attention_metadata, choose_backend

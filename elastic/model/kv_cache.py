@@ -1,4 +1,9 @@
-"""A key/value cache for batched generation with left-padded prompts.
+"""A key/value cache for batched generation with left-padded prompts (generate_reference's).
+
+The reference path (elastic/model/generate_reference.py) uses it through
+`Transformer.forward(..., cache=...)`; the generation engine uses the static cache of
+elastic/model/static_cache.py instead. Both meet the model's Attention through one method,
+`attend(layer, q, k, v)` (the `CacheAttention` protocol below).
 
 Prompts of different lengths are left-padded to a common length, so every row writes its
 next token into the same slot and one decode step is one [B, 1] forward. Row b's real tokens
@@ -16,9 +21,18 @@ dataclasses, which would lose the in-place updates the layers make.
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, Optional, Protocol, Tuple
 
 import torch
+
+from elastic.model.attention import cached_attention
+
+
+class CacheAttention(Protocol):
+    """What the model's Attention asks of a cache: store this forward's keys/values of `layer`
+    and return the attention output. q: [B, Hq, T, D]; k, v: [B, Hkv, T, D] → [B, Hq, T, D]."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
 
 
 class KVCache:
@@ -63,6 +77,11 @@ class KVCache:
         self.k[layer][:, :, self.length:end] = k
         self.v[layer][:, :, self.length:end] = v
         return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Append this forward's keys/values, attend over every filled slot (mask from `begin`)."""
+        k, v = self.update(layer, k, v)
+        return cached_attention(q, k, v, self.mask)
 
     def commit(self, t: int) -> None:
         """The forward is done: its `t` slots now belong to the cache."""

@@ -8,7 +8,9 @@ RoPE and attention behave as if each document were run alone.
 The layout follows Hugging Face's Llama/Qwen2 exactly (rotate-half RoPE, optional q/k/v
 biases), so their weights map onto this model by renaming alone (elastic/model/hf.py).
 For generation, `forward` takes an optional KV cache (elastic/model/kv_cache.py): the same
-blocks and the same forward calls, so FSDP's per-module hooks keep working.
+blocks and the same forward calls, so FSDP's per-module hooks keep working. The blocks hand
+their keys/values to any cache object's `attend`; the generation engine
+(elastic/model/decoder.py) drives the blocks with the static cache of static_cache.py.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from elastic.model.attention import AttentionMetadata, attention, build_attention_metadata, cached_attention
-from elastic.model.kv_cache import KVCache
+from elastic.model.attention import AttentionMetadata, attention, build_attention_metadata
+from elastic.model.kv_cache import CacheAttention, KVCache
 
 
 @dataclass
@@ -93,7 +95,7 @@ class Attention(nn.Module):
         self.wo = nn.Linear(a.n_heads * a.head_dim, a.dim, bias=False)
 
     def forward(self, x: torch.Tensor, freqs: torch.Tensor, meta: AttentionMetadata,
-                cache: Optional[KVCache] = None) -> torch.Tensor:
+                cache: Optional[CacheAttention] = None) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
@@ -101,9 +103,8 @@ class Attention(nn.Module):
         q, k = apply_rope(q, freqs), apply_rope(k, freqs)
         if cache is None:
             out = attention(q, k, v, meta)
-        else:  # append this step's keys/values, attend over everything cached so far
-            k, v = cache.update(self.layer_id, k, v)
-            out = cached_attention(q, k, v, cache.mask)
+        else:  # the cache stores this step's keys/values and attends over what it holds
+            out = cache.attend(self.layer_id, q, k, v)
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -127,7 +128,7 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(a)
 
     def forward(self, x: torch.Tensor, freqs: torch.Tensor, meta: Optional[AttentionMetadata],
-                cache: Optional[KVCache] = None) -> torch.Tensor:
+                cache: Optional[CacheAttention] = None) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), freqs, meta, cache)
         return x + self.feed_forward(self.ffn_norm(x))
 

@@ -11,7 +11,10 @@ reaches its threshold:
   input          Σ data_wait_s / Σ step_s                                  ≥ 10%
   communication  Σ comm_s / Σ step_s over the profiled steps (comm_s is exposed
                  communication, measured on sampled steps only)            ≥ 20%
-  checkpoint     Σ checkpoint_s / Σ step_s                                 ≥ 5%
+  checkpoint     Σ checkpoint_s / Σ step_s: every second a step was blocked by
+                 checkpointing (with asynchronous saves: the stall of each save,
+                 the registration of a save written in the background, the last
+                 save's write)                                             ≥ 5%
   sync           Σ sync_s / Σ step_s: time at the step's small collectives
                  (loss normaliser, step statistics) waiting for the slowest
                  rank (a straggler, or another rank's input)                ≥ 10%
@@ -167,6 +170,30 @@ def _share(recs: Sequence[Dict[str, Any]], key: str) -> Optional[float]:
 def _mean(recs: Sequence[Dict[str, Any]], key: str) -> Optional[float]:
     v = [r[key] for r in recs if _num(r.get(key))]
     return sum(v) / len(v) if v else None
+
+
+def checkpoint_figures(recs: Sequence[Dict[str, Any]], events: Iterable[Dict[str, Any]] = ()) -> Dict[str, Any]:
+    """Per save: the stall (`checkpoint_stall_s` of the saving step: waiting for the previous save
+    plus the copy to host; the whole write when saves are synchronous), the part of it spent
+    waiting for the previous save, the background write (`checkpoint_done` events) and all the
+    seconds checkpointing blocked steps, per save (the cost of a checkpoint, for Young's rule).
+    Runs from before asynchronous saves carry `checkpoint_s` on saving steps only: that is the stall."""
+    saves = [r for r in recs if _num(r.get("checkpoint_stall_s"))]
+    key = "checkpoint_stall_s" if saves else "checkpoint_s"
+    if not saves:
+        saves = [r for r in recs if _num(r.get("checkpoint_s"))]
+    done = [e for e in events if e.get("event") == "checkpoint_done"]
+    modes = {bool(e["async"]) for e in done if "async" in e}
+    n = len(saves)
+    return {
+        "checkpoint_saves": n,
+        "checkpoint_async": (True in modes) if modes else None,
+        "checkpoint_stall_s_mean": _mean(saves, key),
+        "checkpoint_stall_s_max": max((r[key] for r in saves), default=None),
+        "checkpoint_wait_s_mean": _mean(saves, "checkpoint_wait_s"),
+        "checkpoint_write_s_mean": _mean(done, "write_s"),
+        "checkpoint_blocked_per_save_s": (sum(r["checkpoint_s"] for r in recs if _num(r.get("checkpoint_s"))) / n) if n else None,
+    }
 
 
 def time_figures(recs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
@@ -330,6 +357,7 @@ def diagnose(metrics: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]]
     steps = [final[s] for s in sorted(final)]
     steady = steady_records(metrics, events)
     tf = time_figures(steady)
+    tf.update(checkpoint_figures(steady, events))
     mf = memory_figures(metrics)
     sf = stability_figures(steps, events)
     figures = {**tf, **mf, "stability": sf, "goodput": (recovery or {}).get("goodput"),
@@ -364,10 +392,7 @@ def diagnose(metrics: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]]
                              "or slower node, or uneven work per rank; on a shared machine, fewer workers than cores"))
     s = tf["checkpoint_share"]
     if s is not None and s >= THRESHOLDS["checkpoint"]:
-        found.append(Finding("checkpoint", s, THRESHOLDS["checkpoint"],
-                             f"checkpoint writes took {_pct(s)} of step time ({_mean(steady, 'checkpoint_s'):.3g} s per save).",
-                             f"a larger checkpoint.every_steps{_now(config, 'checkpoint.every_steps')}, weighed against "
-                             "the failure rate: steps after the last checkpoint are redone after a restart"))
+        found.append(_checkpoint(s, tf, config))
     s = tf["generate_share"]
     if s is not None and s >= THRESHOLDS["generation"]:
         found.append(_generation(tf, config))
@@ -379,7 +404,7 @@ def diagnose(metrics: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]]
                              f"more reward actors: reward.num_actors{_now(config, 'reward.num_actors')}, or CPU nodes; "
                              f"cheaper evaluations: reward.timing{_now(config, 'reward.timing')}, "
                              f"reward.timing_runs{_now(config, 'reward.timing_runs')}"))
-    f = _restarts(recovery, tf["step_s_mean"], _mean(metrics, "checkpoint_s"), config)
+    f = _restarts(recovery, tf["step_s_mean"], checkpoint_figures(metrics, events)["checkpoint_blocked_per_save_s"], config)
     if f:
         found.append(f)
     f = _instability(sf, config)
@@ -396,6 +421,35 @@ def diagnose(metrics: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]]
         found.append(_grpo_largest_part(tf, config) or _compute(tf, device, config))
     top = found[0]
     return Diagnosis(top.name, top.score, top.threshold, top.evidence, top.lever, device, len(steady), found, figures)
+
+
+def _checkpoint(share: float, tf: Dict[str, Any], config: Optional[Dict[str, Any]]) -> Finding:
+    """Checkpointing blocks the steps. Asynchronous saves: the evidence is the stall per save and
+    the background write; when the stall is mostly waiting for the previous save, writes take
+    longer than the interval between saves. Synchronous saves: the whole write is the stall."""
+    every = f"checkpoint.every_steps{_now(config, 'checkpoint.every_steps')}"
+    n, stall, wait, write = (tf["checkpoint_saves"], tf["checkpoint_stall_s_mean"], tf["checkpoint_wait_s_mean"],
+                             tf["checkpoint_write_s_mean"])
+    per_save = f"{stall:.3g} s stall per save over {n} saves" if _num(stall) else f"{n} saves"
+    weigh = "weighed against the failure rate: steps after the last checkpoint are redone after a restart"
+    asynchronous = tf["checkpoint_async"]
+    if asynchronous is None:  # no checkpoint_done event yet: the config says (older trainers saved synchronously)
+        asynchronous = _get(config, "checkpoint.async_save") is True
+    if not asynchronous:
+        return Finding("checkpoint", share, THRESHOLDS["checkpoint"],
+                       f"checkpoint writes took {_pct(share)} of step time ({per_save}, synchronous).",
+                       f"checkpoint.async_save: true{_now(config, 'checkpoint.async_save')} (the step then waits only for the "
+                       f"copy to host memory), or a larger {every}, {weigh}")
+    ev = f"checkpointing blocked training {_pct(share)} of step time ({per_save}"
+    if _num(wait) and _num(stall) and stall > 0:
+        ev += f", {wait:.3g} s of it waiting for the previous save"
+    ev += f"; background write {write:.3g} s)." if _num(write) else ")."
+    if _num(wait) and _num(stall) and wait >= 0.5 * stall:
+        lever = (f"a larger {every}: each save waits for the previous one's background write, which takes longer "
+                 "than the steps between saves; or faster checkpoint storage")
+    else:
+        lever = f"a larger {every}, {weigh}"
+    return Finding("checkpoint", share, THRESHOLDS["checkpoint"], ev, lever)
 
 
 def _generation(tf: Dict[str, Any], config: Optional[Dict[str, Any]]) -> Finding:

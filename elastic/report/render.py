@@ -83,9 +83,47 @@ def summary_rows(run: RunData, diag: Diagnosis) -> List[Sequence[Any]]:
         ("world size", "–".join(str(w) for w in (worlds[0], worlds[-1])) if len(worlds) > 1 else (str(worlds[0]) if worlds else "n/a")),
         ("device", diag.device + (f", attention {backend}" if backend else "")),
         ("checkpoints", f"{len(run.checkpoints)} kept, latest {run.checkpoints[-1]}" if run.checkpoints else "none"),
+        ("checkpoint stall", _stall_summary(f)),
         ("malformed rows skipped", str(steps[-1].get("bad_rows", "n/a")) if steps else "n/a"),
     ]
     return rows
+
+
+def _stall_summary(f: Dict[str, Any]) -> str:
+    """The seconds a save blocked its step, per save, and the background write behind it."""
+    n = f.get("checkpoint_saves") or 0
+    if not n or not _num(f.get("checkpoint_stall_s_mean")):
+        return "n/a"
+    mode = {True: "asynchronous", False: "synchronous"}.get(f.get("checkpoint_async"), "")
+    out = f"{f['checkpoint_stall_s_mean']:.3g} s per save (max {f['checkpoint_stall_s_max']:.3g} s) over {n} steady saves"
+    if _num(f.get("checkpoint_write_s_mean")):
+        out += f"; write {f['checkpoint_write_s_mean']:.3g} s per save" + (" in the background" if mode == "asynchronous" else "")
+    return out + (f" ({mode})" if mode else "")
+
+
+def _checkpoint_section(run: RunData) -> List[str]:
+    """One row per save (the last MAX_LISTED): its stall, the part of it spent waiting for the
+    previous save, and its write (`checkpoint_done` event, when the checkpoint was registered)."""
+    done: Dict[int, Dict[str, Any]] = {}
+    for e in run.events:
+        if e.get("event") == "checkpoint_done" and _num(e.get("step")):
+            done[int(e["step"])] = e
+    key = "checkpoint_stall_s" if any(_num(r.get("checkpoint_stall_s")) for r in run.steps) else "checkpoint_s"
+    saves = [r for r in run.steps if _num(r.get(key))]
+    if not saves:
+        return []
+    rows = []
+    for r in saves[-MAX_LISTED:]:
+        e = done.get(int(r["step"]), {})
+        mode = {True: "async", False: "sync"}.get(e.get("async"), "")
+        rows.append((r["step"], _f(r[key], ".3g"), _f(r.get("checkpoint_wait_s"), ".3g"), _f(e.get("write_s"), ".3g"), mode))
+    L = ["## Checkpoints", "",
+         "Stall: seconds the saving step was blocked (waiting for the previous save, then copying model and optimizer "
+         "state to host memory; the whole write when saves are synchronous). Write: until every rank's files were "
+         "complete; the checkpoint was registered with Ray Train at the next step boundary." +
+         (f" The last {MAX_LISTED} of {len(saves)} saves:" if len(saves) > MAX_LISTED else ""), ""]
+    L += _table(("step", "stall s", "of it waiting for the previous save, s", "write s", "mode"), rows)
+    return L + [""]
 
 
 def _breakdown_rows(run: RunData, diag: Diagnosis) -> List[Sequence[Any]]:
@@ -127,6 +165,7 @@ def render_markdown(run: RunData, diag: Diagnosis, plots: Dict[str, str], out_di
         L += ["## Plots", ""]
         for name, path in plots.items():
             L += [f"![{name}]({os.path.relpath(path, out_dir)})", ""]
+    L += _checkpoint_section(run)
     restarts = (run.recovery or {}).get("restarts") or []
     if restarts:
         L += ["## Restarts and resizes", ""]

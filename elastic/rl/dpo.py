@@ -32,10 +32,9 @@ import numpy as np
 import torch
 
 from elastic.data.preference import PairSet, PairStream
-from elastic.model.attention import build_attention_metadata
 from elastic.rl.dpo_loss import answer_logprobs, dpo_loss
 from elastic.train.job import Job, Update, WorkerContext
-from elastic.train.step import LossFn, LossOutput, Micro, StepOutput, global_sum, to_device
+from elastic.train.step import LossFn, LossOutput, Micro, StepOutput, batch_attention, to_device
 
 STAT_KEYS = ("pairs", "chosen_reward_sum", "rejected_reward_sum", "margin_sum", "correct", "chosen_logp_sum",
              "rejected_logp_sum")
@@ -69,7 +68,7 @@ def make_dpo_loss(d) -> LossFn:
     ipo = d.loss_type == "ipo"
 
     def loss(model, mb: Micro) -> LossOutput:
-        meta = build_attention_metadata(mb["doc_ids"], model.attention_backend)
+        meta = batch_attention(model, mb)
         logits = model(mb["tokens"], mb["positions"], mb["doc_ids"], meta)
         lp = answer_logprobs(logits, mb["tokens"], mb["amask"], average=ipo)
         ref = mb["ref_logp"].to(lp.dtype)
@@ -104,6 +103,11 @@ class DPOJob(Job):
         self._stats: Dict[str, float] = {}
         self._ref_s = 0.0
         self._held_ref: Optional[np.ndarray] = None
+        self._forward_tokens = 0  # reference and held-out forwards since the last step record
+
+    def forward_tokens(self) -> int:
+        n, self._forward_tokens = self._forward_tokens, 0
+        return n
 
     def start(self, ctx: WorkerContext, state: Dict[str, Any]) -> None:
         import ray
@@ -144,12 +148,13 @@ class DPOJob(Job):
         from elastic.model.lora import adapters_disabled
 
         t = to_device(batch, self.ctx.device)
+        self._forward_tokens += int((batch["doc_ids"] >= 0).sum())
         if self.ref_model is not None:
             model, ctx = self.ref_model, contextlib.nullcontext()
         else:  # LoRA: the base is the policy with its adapters off
             model, ctx = self.ctx.model, adapters_disabled(self.ctx.model)
         with ctx:
-            logits = model(t["tokens"], t["positions"], t["doc_ids"], build_attention_metadata(t["doc_ids"], model.attention_backend))
+            logits = model(t["tokens"], t["positions"], t["doc_ids"], batch_attention(model, t))
             return answer_logprobs(logits, t["tokens"], t["amask"]).float().cpu().numpy()
 
     def _micro_batches(self, pairs: PairSet, idx: Sequence[int], table: Optional[np.ndarray],
@@ -214,11 +219,12 @@ class DPOJob(Job):
         sums = {k: 0.0 for k in ("loss_sum",) + STAT_KEYS}
         with torch.no_grad():
             for b in self._micro_batches(held, idx, table, weights):
+                self._forward_tokens += int((b["doc_ids"] >= 0).sum())
                 out = loss_fn(self.ctx.model, to_device(b, self.ctx.device))
                 for k in sums:
                     sums[k] += float(out.stats[k])
         keys = sorted(sums)
-        total = dict(zip(keys, global_sum([sums[k] for k in keys], self.ctx.device)))
+        total = dict(zip(keys, self.ctx.comm.sum([sums[k] for k in keys])))
         res = summarize(total, "heldout_")
         res = {"heldout_loss": total["loss_sum"] / max(total["pairs"], 1e-12), "heldout_accuracy": res.pop("heldout_reward_accuracy"),
                **res, "heldout_pairs": int(round(total["pairs"]))}
@@ -239,7 +245,7 @@ class DPOJob(Job):
                 for j, i in enumerate(part):
                     if s + j < len(idx):
                         table[i] = lp[j]
-            flat = global_sum(table.reshape(-1).tolist(), self.ctx.device)
+            flat = self.ctx.comm.sum(table.reshape(-1).tolist())
             self._held_ref = np.asarray(flat, np.float64).reshape(n, 2)
         return self._held_ref
 

@@ -38,11 +38,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from elastic.data.chat import ChatFormat, prompt_segments, tokenize_segments
 from elastic.data.tokenizer import from_json
-from elastic.model.attention import build_attention_metadata
 from elastic.records import append_record
 from elastic.rl.advantages import group_advantages, weight_negatives, zero_variance_groups
 from elastic.rl.aggregation import StepCounts
@@ -52,7 +50,7 @@ from elastic.rl.overlong import overlong_penalty
 from elastic.rl.prompts import PromptStream, completion_id, flat, group_of, rank_completions
 from elastic.rl.seeds import rollout_seed
 from elastic.train.job import Job, Update, WorkerContext
-from elastic.train.step import LossFn, LossOutput, Micro, StepOutput
+from elastic.train.step import LossFn, LossOutput, Micro, StepOutput, batch_attention, to_device
 
 ROLLOUTS = "rollouts.jsonl"
 STATUS_RATES = ("compile_error", "wrong_answer", "runtime_error", "timeout", "memory_limit", "sandbox_error")
@@ -102,7 +100,7 @@ def make_grpo_loss(rl, counts: Callable[[], StepCounts]) -> LossFn:
     temp = scoring_temperature(rl)
 
     def loss(model, mb: Micro) -> LossOutput:
-        meta = build_attention_metadata(mb["doc_ids"], model.attention_backend)
+        meta = batch_attention(model, mb)
         logits = model(mb["tokens"], mb["positions"], mb["doc_ids"], meta)[:, :-1].float()
         targets = mb["tokens"][:, 1:]
         mask = mb["cmask"][:, 1:]
@@ -138,6 +136,7 @@ class GRPOJob(Job):
     # ------------------------------------------------------------------ setup
     def start(self, ctx: WorkerContext, state: Dict[str, Any]) -> None:
         self._step_ids: List[int] = []  # completion ids of the step being run (for the ledger)
+        self._forward_tokens = 0  # generation, log-prob passes, held-out generation (for MFU)
         from elastic.reward.service import connect
 
         self.ctx = ctx
@@ -185,6 +184,7 @@ class GRPOJob(Job):
         prompts = self.stream.step(step, rl.prompts_per_step)
         ks = flat(self.mine)
         rollouts = self._generate(step, prompts, ks)
+        self._forward_tokens += sum(len(r.prompt) + len(r.tokens) for r in rollouts)  # prefill + decode
         t0 = time.perf_counter()
         self._logprob_passes(rollouts)
         self._metrics["logprob_s"] = time.perf_counter() - t0
@@ -204,13 +204,18 @@ class GRPOJob(Job):
                                           max_new_tokens=rl.max_new_tokens)
                 rows = [by_k[k] for k in part]
                 yield Update(micro_batches=self._micro_batches(rows, outcome), normaliser=1.0,
-                             tokens=int(sum(len(r.tokens) for r in rows)))
+                             tokens=int(sum(len(r.tokens) for r in rows)),
+                             compute_tokens=int(sum(len(r.prompt) + len(r.tokens) for r in rows)))
         self.reward.forget([r.key for r in rollouts])
         self._cursor = (step + 1) * rl.prompts_per_step
 
     def consumed_sample_ids(self) -> List[int]:
         ids, self._step_ids = self._step_ids, []
         return ids
+
+    def forward_tokens(self) -> int:
+        n, self._forward_tokens = self._forward_tokens, 0
+        return n
 
     def _generate(self, step: int, prompts: List[Tuple[int, str]], ks: List[int]) -> List[Rollout]:
         from elastic.train.fsdp_generate import fsdp_generate
@@ -233,7 +238,8 @@ class GRPOJob(Job):
             submitted.add(i)
 
         outs = fsdp_generate(self.ctx.model, [r.prompt for r in rows], rl.max_new_tokens, temperature=rl.temperature,
-                             top_p=rl.top_p, top_k=rl.top_k, stop_token_ids=[self.eos_id], seed=seeds, on_finish=on_finish)
+                             top_p=rl.top_p, top_k=rl.top_k, stop_token_ids=[self.eos_id], seed=seeds, on_finish=on_finish,
+                             max_batch=rl.rollout_batch)
         for i, (r, c) in enumerate(zip(rows, outs)):
             if i not in submitted:
                 on_finish(i, c)
@@ -269,9 +275,10 @@ class GRPOJob(Job):
         mbs = self.rl.micro_batch_size
         for i in range(0, len(rows), mbs):
             part = rows[i:i + mbs]
+            self._forward_tokens += sum(len(r.prompt) + len(r.tokens) for r in part)
             b = self._sequence_batch(part)
-            t = {k: torch.from_numpy(v).to(self.ctx.device) for k, v in b.items()}
-            logits = model(t["tokens"], t["positions"], t["doc_ids"], build_attention_metadata(t["doc_ids"], model.attention_backend))
+            t = to_device(b, self.ctx.device)
+            logits = model(t["tokens"], t["positions"], t["doc_ids"], batch_attention(model, t))
             lp = token_logprobs(logits[:, :-1].float(), t["tokens"][:, 1:], scoring_temperature(self.rl)).cpu().numpy()
             for j, r in enumerate(part):
                 a = len(r.prompt) - 1
@@ -313,8 +320,7 @@ class GRPOJob(Job):
             append_record(path, {"step": step + 1, "k": r.k, "problem": r.problem, "status": res.status,
                                  "reward": res.reward, "speedup": res.speedup, "reason": (res.reason or "")[:300],
                                  "tokens": len(r.tokens), "truncated": r.truncated, "completion": decode_text(self.tok, r.tokens)})
-        parts: List[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(parts, mine)
+        parts = self.ctx.comm.all_gather_object(mine)
         everything = sorted((x for p in parts for x in p), key=lambda x: x[0])
         assert [x[0] for x in everything] == list(range(self.N)), "every completion of the step exactly once"
         raw = np.array([x[1] for x in everything], np.float64)
@@ -401,7 +407,8 @@ class GRPOJob(Job):
             return {}
         mine = self.heldout[ctx.rank::ctx.world_size]
         outs = fsdp_generate(ctx.model, [self.prompt_tokens(p) for p in mine], rl.max_new_tokens, temperature=0.0,
-                             stop_token_ids=[self.eos_id])
+                             stop_token_ids=[self.eos_id], max_batch=rl.rollout_batch)
+        self._forward_tokens += sum(len(self.prompt_tokens(p)) + len(o.tokens) for p, o in zip(mine, outs))
         keys = [f"{self.run_name}:eval{step}:{p}" for p in mine]
         self.reward.submit([(k, p, decode_text(self.tok, o.tokens)) for k, p, o in zip(keys, mine, outs)])
         got: Dict[str, Any] = {}
@@ -409,8 +416,7 @@ class GRPOJob(Job):
             got.update(self.reward.results([k for k in keys if k not in got], timeout_s=30.0))
         self.reward.forget(keys)
         res = [(got[k].status, got[k].speedup) for k in keys]
-        parts: List[Any] = [None] * ctx.world_size
-        dist.all_gather_object(parts, res)
+        parts = ctx.comm.all_gather_object(res)
         alls = [x for p in parts for x in p if x[0] != "sandbox_error"]
         if not alls:
             return {}

@@ -1,12 +1,40 @@
-"""Sharded, reshardable checkpoints with torch.distributed.checkpoint (DCP), reported to Ray Train.
+"""Sharded, reshardable checkpoints with torch.distributed.checkpoint (DCP), registered with Ray
+Train, written off the training step's critical path.
 
-Each rank writes its shards of the model and optimizer into its own local directory; rank 0
-adds `.metadata` and `train_state.json` (step, LR scheduler, data cursor, counters). Every rank
-then calls `ray.train.report(..., checkpoint=...)`, Ray copies all of them into one directory
-`<run dir>/step_NNNNNNNN` and registers it only once every rank has reported: a crash while
-writing leaves the previous registered checkpoint as the one `ray.train.get_checkpoint()`
-returns. DCP stores logical (unsharded) tensor layouts, so a checkpoint written at world
-size W loads at any W'.
+Where the files go. Every rank writes its shards straight into the run directory (Ray Train's
+experiment directory), under `step_NNNNNNNN.partial/`; rank 0 adds `train_state.json` (step, LR
+scheduler, data cursor, counters) and DCP's `.metadata`, and renames the directory to
+`step_NNNNNNNN/` once every rank's write is complete. On remote storage (a pyarrow URI such as
+s3://), DCP writes into a local stage directory and each rank uploads its own files into
+`step_NNNNNNNN/` (shards, then `.metadata`, `train_state.json` last), then deletes the stage.
+Every rank then reports the directory with `ray.train.report(..., checkpoint_upload_mode=
+NO_UPLOAD)`: Ray copies nothing (no second full copy of the files) and registers the checkpoint
+once every rank has reported, so `ray.train.get_checkpoint()` only ever hands out a complete
+checkpoint: a crash at any moment before leaves the previous one registered.
+
+Asynchronous saves (`checkpoint.async_save`, the default). At a save the training thread
+  1. waits for the previous save if it is still writing, and registers it;
+  2. copies model and optimizer state to host memory (DCP's DefaultStager: pinned buffers on
+     CUDA, allocated once and reused), so the next optimizer step cannot change what is written;
+  3. hands the write to a background thread. DCP's own collectives (plans, write results) run
+     there, on a gloo process group of their own: never beside the training collectives on the
+     default (NCCL) group.
+At every later step boundary while a save is in flight, the ranks agree with one tiny collective
+(on the training device, through elastic/train/comm.py) whether every rank's write is complete;
+at the first step where it is, every rank reports it. `ray.train.report` is a barrier that must
+interleave with the training collectives in the same order on every rank, so this point is
+decided collectively, never by a rank's own clock. The last save of an invocation (train.steps,
+train.until_step) is waited for and registered before its step ends.
+
+What a step records: `checkpoint_s`, the seconds the step was blocked by checkpointing (all of
+it: the save's stall, the agreement and the registration, the final save's write);
+`checkpoint_stall_s` on the saving step: waiting for the previous save plus the copy to host
+(the whole write when saves are synchronous); `checkpoint_wait_s`: the waiting part. The
+background write's seconds are in the `checkpoint_done` event (rank 0, events.jsonl), written
+when the checkpoint is registered.
+
+DCP stores logical (unsharded) tensor layouts, so a checkpoint written at world size W loads at
+any W'.
 """
 
 from __future__ import annotations
@@ -17,51 +45,126 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 STATE_FILE = "train_state.json"
 DIR_RE = re.compile(r"^step_(\d{8})$")
+PARTIAL = ".partial"  # `step_NNNNNNNN.partial`: a local checkpoint still being written
+STAGE_PREFIX = "elastic-ckpt-"  # local stage dirs: elastic-ckpt-<pid>-XXXX in the temp dir
+STAGE_RE = re.compile(rf"^{STAGE_PREFIX}(\d+)-")
 
 
 def checkpoint_dir_name(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def save_local(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_state: Dict[str, Any],
-               trainable_only: bool = False) -> str:
-    """Write this rank's part of the checkpoint into a fresh local temp dir; return it.
-    `trainable_only` (LoRA): the frozen base is left out, only adapters and their optimizer
-    state are written (the base is referenced in train_state.json by path and hash)."""
-    out = tempfile.mkdtemp(prefix="elastic-ckpt-")
-    msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=trainable_only))
-    dcp.save({"model": msd, "optim": osd}, checkpoint_id=out)
-    _maybe_inject_delay(int(train_state.get("step", -1)))
-    if dist.get_rank() == 0:
-        tmp = os.path.join(out, STATE_FILE + ".tmp")
-        with open(tmp, "w") as f:
-            json.dump(train_state, f)
-        os.replace(tmp, os.path.join(out, STATE_FILE))
-    return out
+def is_remote(path: str) -> bool:
+    """A pyarrow URI other than file:// (object stores: DCP cannot write there directly)."""
+    return "://" in path and not path.startswith("file://")
 
 
-def _maybe_inject_delay(step: int) -> None:
+def _local(path: str) -> str:
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+def _stage_dir() -> str:
+    """A fresh local directory named after this process, so a later process can tell that its
+    owner is gone (`sweep_stale_stages`)."""
+    return tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_stages(base: Optional[str] = None) -> List[str]:
+    """Delete local stage directories whose process is gone (a killed worker cannot clean up
+    after itself); returns what was deleted. Run by every worker at start, on its own node."""
+    base = base or tempfile.gettempdir()
+    gone = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return gone
+    for name in names:
+        m = STAGE_RE.match(name)
+        if m and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+            gone.append(name)
+    return gone
+
+
+def _write_state_file(d: str, train_state: Dict[str, Any]) -> None:
+    tmp = os.path.join(d, STATE_FILE + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(train_state, f)
+    os.replace(tmp, os.path.join(d, STATE_FILE))
+
+
+def fault_delay_s(step: int, rank: int) -> float:
     """Fault injection for drills and tests: ELASTIC_FAULT_CKPT_DELAY="rank=R,step=S,seconds=X"
-    makes rank R stall X seconds while writing checkpoint S (slow storage), so a crash can be
-    placed inside a checkpoint write. Unset in normal runs."""
+    makes rank R stall X seconds inside its write of checkpoint S, before any of its data is
+    written (slow storage; in the background thread when saves are asynchronous), so a crash can
+    be placed inside a checkpoint write. With `once=PATH` only the first process to get there
+    stalls (it creates PATH), so a restarted worker group writes normally. Unset in normal runs."""
     spec = os.environ.get("ELASTIC_FAULT_CKPT_DELAY")
     if not spec:
-        return
+        return 0.0
     kv = dict(item.split("=", 1) for item in spec.split(",") if "=" in item)
-    if int(kv.get("rank", 0)) == dist.get_rank() and int(kv.get("step", -1)) == step:
-        import time
+    if int(kv.get("rank", 0)) != rank or int(kv.get("step", -1)) != step:
+        return 0.0
+    if kv.get("once"):
+        try:
+            os.close(os.open(kv["once"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return 0.0
+    return float(kv.get("seconds", 30))
 
-        time.sleep(float(kv.get("seconds", 30)))
+
+class _Writer(FileSystemWriter):
+    """DCP's file writer (one file per rank, fsynced) with the fault-injection stall in front
+    of this rank's data."""
+
+    def __init__(self, path: str, delay_s: float = 0.0):
+        super().__init__(path)
+        self.delay_s = delay_s
+
+    def write_data(self, plan, planner):
+        if self.delay_s > 0:
+            time.sleep(self.delay_s)
+        return super().write_data(plan, planner)
+
+
+def save_local(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_state: Dict[str, Any],
+               trainable_only: bool = False) -> str:
+    """Write this rank's part of the checkpoint into a fresh local temp dir, synchronously;
+    return it (the caller deletes it with `cleanup_local`; on failure it is deleted here).
+    `trainable_only` (LoRA): the frozen base is left out, only adapters and their optimizer
+    state are written (the base is referenced in train_state.json by path and hash)."""
+    out = _stage_dir()
+    try:
+        msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=trainable_only))
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=out)
+        if dist.get_rank() == 0:
+            _write_state_file(out, train_state)
+    except BaseException:
+        cleanup_local(out)
+        raise
+    return out
 
 
 def load(path: str, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer],
@@ -160,17 +263,80 @@ class TrainState:
         return st
 
 
+def _make_stager(cuda: bool):
+    """DCP's stager, kept for the whole attempt: it allocates its host buffers on the first save
+    and copies into them on the next ones. On CUDA they are pinned and the copies non-blocking
+    (one device sync at the end), so the stall is the device-to-host copy at PCIe speed."""
+    try:
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions  # torch >= 2.9
+
+        return DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                            use_async_staging=False, use_non_blocking_copy=cuda))
+    except (ImportError, TypeError):
+        from torch.distributed.checkpoint.staging import BlockingAsyncStager
+
+        return BlockingAsyncStager(cache_staged_state_dict=cuda)
+
+
+@dataclass
+class _Save:
+    """A save whose files are being written (or are written but not yet registered)."""
+
+    step: int
+    name: str            # step_NNNNNNNN
+    out: str             # where this rank's DCP files go: the run dir's .partial dir, or a local stage
+    metrics: Dict[str, Any]
+    future: Future       # this rank's write (+ upload); its result is the write's seconds
+    stall_s: float = 0.0
+
+
 class Checkpointer:
-    """Save, report and restore checkpoints for the per-worker loop.
+    """Save, register and restore checkpoints for the per-worker loop.
 
     Restore order: the checkpoint Ray Train hands this worker group (a restart or a resumed
-    run), else nothing (the caller then initialises weights, e.g. from `model.init_from`)."""
+    run), else nothing (the caller then initialises weights, e.g. from `model.init_from`).
 
-    def __init__(self, every_steps: int, job_keys: Tuple[str, ...], trainable_only: bool = False):
+    Per attempt, on every rank at the same points: `save` at the steps `due` says (it returns
+    the step's checkpoint seconds), `poll` at every other step boundary, `finish` after the last
+    step, `close` always (also on failure). `run_dir` is Ray Train's experiment directory (local
+    path or URI); `comm` the worker's collectives (elastic/train/comm.py) on the model's device."""
+
+    def __init__(self, every_steps: int, job_keys: Tuple[str, ...], trainable_only: bool = False, *,
+                 run_dir: str, comm, async_save: bool = True, events: Optional[str] = None):
         self.every_steps = every_steps
         self.job_keys = job_keys
         self.trainable_only = trainable_only  # LoRA: adapters (+ their optimizer state) only
+        self.run_dir = run_dir.rstrip("/")
+        self.remote = is_remote(self.run_dir)
+        self.comm = comm
+        self.async_save = async_save
+        self.events = events
+        self.rank = comm.rank
         self.resumed_from: Optional[str] = None
+        self._pending: Optional[_Save] = None
+        self._stager = None
+        self._pool: Optional[ThreadPoolExecutor] = None
+        self._pg = None
+        if async_save:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="elastic-ckpt")
+            if dist.is_available() and dist.is_initialized():
+                # Created by every rank in the same order (a group creation is collective).
+                self._pg = dist.new_group(backend="gloo")
+        sweep_stale_stages()
+        if self.rank == 0 and not self.remote:
+            self._sweep_partials()
+
+    def _sweep_partials(self) -> None:
+        """Writes a crashed attempt left unfinished (never registered). No rank of this attempt
+        writes before the first step's collectives, so this precedes every write."""
+        d = _local(self.run_dir)
+        try:
+            names = os.listdir(d)
+        except OSError:
+            return
+        for n in names:
+            if n.startswith("step_") and n.endswith(PARTIAL):
+                shutil.rmtree(os.path.join(d, n), ignore_errors=True)
 
     def due(self, step: int, last: bool) -> bool:
         """Save after 1-based `step`?"""
@@ -187,16 +353,156 @@ class Checkpointer:
         self.resumed_from = ckpt.path
         return TrainState.from_json(raw, self.job_keys)
 
+    # -- saving --------------------------------------------------------------------------------
     def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
-             metrics: Dict[str, Any]) -> float:
-        """Write this rank's shards, report them to Ray Train (which registers the checkpoint
-        once every rank has reported), clean up; returns the seconds it took."""
-        import ray.train
-
+             metrics: Dict[str, Any], final: bool = False) -> Dict[str, float]:
+        """Checkpoint `state.step`: wait for (and register) the previous save if it is still in
+        flight, copy the state to host memory and start the write in the background (or write
+        it here when saves are synchronous). `final` (the invocation's last step): also wait for
+        this write and register it. Returns this step's checkpoint seconds (module docstring)."""
         t0 = time.perf_counter()
+        wait_s = self._complete() if self._pending is not None else 0.0
         state.time = time.time()
-        d = save_local(model, optimizer, state.to_json(), self.trainable_only)
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d),
-                         checkpoint_dir_name=checkpoint_dir_name(state.step))
-        cleanup_local(d)
+        name = checkpoint_dir_name(state.step)
+        out = _stage_dir() if self.remote else f"{_local(self.run_dir)}/{name}{PARTIAL}"
+        try:
+            os.makedirs(out, exist_ok=True)
+            if self.rank == 0:
+                _write_state_file(out, state.to_json())
+            msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=self.trainable_only))
+            sd = {"model": msd, "optim": osd}
+            writer = _Writer(out, fault_delay_s(state.step, self.rank))
+            if self.async_save:
+                if self._stager is None:
+                    self._stager = _make_stager(self.comm.device.type == "cuda")
+                staged = self._stager.stage(sd)  # after this, training may change the live tensors
+                future = self._pool.submit(self._write, staged, writer, out, name, self._pg)
+            else:
+                future = Future()
+                future.set_result(self._write(sd, writer, out, name, None))
+        except BaseException:
+            if self.remote:
+                cleanup_local(out)
+            raise
+        stall = time.perf_counter() - t0
+        self._pending = _Save(state.step, name, out, dict(metrics), future, stall)
+        if final or not self.async_save:
+            self._complete()
+        return {"checkpoint_s": time.perf_counter() - t0, "checkpoint_stall_s": stall, "checkpoint_wait_s": wait_s}
+
+    def _write(self, sd: Dict[str, Any], writer: _Writer, out: str, name: str, pg) -> float:
+        """This rank's write (background thread when asynchronous): DCP into `out`, then, on
+        remote storage, the upload of this rank's files and the deletion of the stage."""
+        t0 = time.perf_counter()
+        try:
+            if self.remote and self.rank == 0:
+                # Leftovers of an attempt that crashed inside this step's upload. No other rank
+                # uploads before DCP's collectives, which need rank 0 to have got past here.
+                import pyarrow.fs as pafs
+
+                fs, base = pafs.FileSystem.from_uri(self.run_dir)
+                fs.delete_dir_contents(f"{base}/{name}", missing_dir_ok=True)
+            dcp.save(sd, storage_writer=writer, process_group=pg)
+            if self.remote:
+                self._upload(out, name)
+        finally:
+            if self.remote:
+                cleanup_local(out)
         return time.perf_counter() - t0
+
+    def _upload(self, out: str, name: str) -> None:
+        """This rank's files from the local stage into `<run dir>/<name>/`: shards first, then
+        `.metadata`, `train_state.json` last (what `latest_complete` looks for)."""
+        import pyarrow.fs as pafs
+
+        fs, base = pafs.FileSystem.from_uri(self.run_dir)
+        files = sorted(os.listdir(out), key=lambda n: (n == STATE_FILE, n == ".metadata", n))
+        fs.create_dir(f"{base}/{name}", recursive=True)
+        for n in files:
+            pafs.copy_files(os.path.join(out, n), f"{base}/{name}/{n}",
+                            source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+
+    # -- registering ---------------------------------------------------------------------------
+    def poll(self) -> Optional[Dict[str, float]]:
+        """At a step boundary with a save in flight: one tiny collective asks whether every
+        rank's write is complete; if it is, register the checkpoint. Returns this step's
+        checkpoint seconds; None (and no collective) when no save is pending, which every rank
+        knows alike."""
+        if self._pending is None:
+            return None
+        t0 = time.perf_counter()
+        done, write_s = self._agree()
+        if done:
+            self._register(write_s)
+        return {"checkpoint_s": time.perf_counter() - t0}
+
+    def finish(self) -> float:
+        """After the last step: wait for the save in flight, if any, and register it."""
+        return self._complete() if self._pending is not None else 0.0
+
+    def _complete(self) -> float:
+        t0 = time.perf_counter()
+        try:
+            self._pending.future.result()
+        except BaseException:
+            pass  # reported to every rank by the agreement below
+        done, write_s = self._agree()
+        assert done
+        self._register(write_s)
+        return time.perf_counter() - t0
+
+    def _agree(self) -> Tuple[bool, float]:
+        """Every rank's state of the pending write, in one all-gather of two numbers on the
+        communication device (the model's; NCCL takes no host tensors): (all complete, the
+        slowest rank's write seconds). A write that failed anywhere fails every rank here."""
+        p = self._pending
+        f = p.future
+        if not f.done():
+            mine = [0.0, 0.0]
+        elif f.exception() is not None:
+            mine = [-1.0, 0.0]
+        else:
+            mine = [1.0, float(f.result())]
+        allv = self.comm.gather(mine)  # [world, 2]
+        if (allv[:, 0] < 0).any():
+            self._pending = None
+            if f.done() and f.exception() is not None:
+                raise f.exception()
+            bad = [int(r) for r in (allv[:, 0] < 0).nonzero()[0]]
+            raise RuntimeError(f"checkpoint {p.name}: the write failed on rank(s) {bad}")
+        return bool((allv[:, 0] > 0).all()), float(allv[:, 1].max())
+
+    def _register(self, write_s: float) -> None:
+        """Every rank's files are complete: rank 0 moves the local directory into place, then
+        every rank reports it to Ray Train, which registers it once all have (NO_UPLOAD: the
+        files already are where Ray keeps checkpoints)."""
+        import ray.train
+        from ray.train import CheckpointUploadMode
+
+        p, self._pending = self._pending, None
+        final = f"{self.run_dir}/{p.name}"
+        if not self.remote and self.rank == 0:
+            dst = _local(final)
+            if os.path.isdir(dst):  # complete but never registered: a crashed attempt's
+                shutil.rmtree(dst)
+            os.replace(p.out, dst)
+        ray.train.report(p.metrics, checkpoint=ray.train.Checkpoint(final), checkpoint_dir_name=p.name,
+                         checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD)
+        if self.rank == 0 and self.events:
+            from elastic.records import append_record
+
+            append_record(self.events, {"event": "checkpoint_done", "time": time.time(), "step": p.step,
+                                        "write_s": write_s, "stall_s": p.stall_s, "async": self.async_save})
+
+    def close(self) -> None:
+        """Always, after the loop (also when it failed): stop the writer thread and free the
+        staging buffers. A save still in flight is abandoned, never registered; its local stage
+        is deleted (a local .partial dir is swept by the next attempt)."""
+        p, self._pending = self._pending, None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+        if p is not None and self.remote:
+            cleanup_local(p.out)
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None

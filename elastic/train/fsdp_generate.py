@@ -8,12 +8,17 @@ would then wait on each other's collectives forever. So for the whole `generate(
 1. every FSDP module (each block, then the root) is told not to reshard after forward
    (`set_reshard_after_forward(False)`) and is unsharded (`unshard()`): one all-gather per
    module, issued in the same order on every rank — the only collectives of the call;
-2. generation runs; each module's pre-forward hook finds its parameters already unsharded
-   and does nothing, so decoding issues no collective and ranks may run any number of steps
-   (tests/test_generate_fsdp.py checks this with torch.profiler and with ranks whose step
-   counts differ);
+2. generation runs on the unsharded parameters and issues no collective, so ranks may run any
+   number of steps (tests/test_generate_fsdp.py checks this with torch.profiler and with ranks
+   whose step counts differ); a caller that goes through the root forward instead
+   (generate_reference) finds each module already unsharded, and its hooks do nothing;
 3. the previous reshard-after-forward setting is restored and every module is resharded
    (local: it only frees the gathered copies).
+
+The generation engine (elastic/model/generate.py) needs this: it runs each block's own
+`forward`, not the module call, so no FSDP hook runs at all during decoding (hooks would also
+break its compiled, graph-captured decode step at every block); it refuses a model whose
+parameters are still sharded.
 
 Memory: the full parameters in `param_dtype` (MixedPrecisionPolicy) live on every rank for
 the duration of the call, plus the KV cache. Generation computes in that dtype.

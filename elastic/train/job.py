@@ -20,6 +20,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 import torch
 
+from elastic.train.comm import Comm
 from elastic.train.step import LossFn, StepOutput
 
 
@@ -34,6 +35,11 @@ class WorkerContext:
     model: torch.nn.Module   # FSDP-wrapped policy
     local_dir: str           # where the run's records go (the run dir; local path or URI)
     config: Dict[str, Any]   # the raw train_loop_config (plans, paths)
+    comm: Optional[Comm] = None  # this worker's collectives, on the model's device (elastic/train/comm.py)
+
+    def __post_init__(self) -> None:
+        if self.comm is None:
+            self.comm = Comm(self.device)
 
 
 @dataclass
@@ -45,6 +51,9 @@ class Update:
     tokens: int = 0                    # this rank's real (non-padding) tokens, for throughput
     sample_ids: List[int] = field(default_factory=list)  # for the ledger
     normaliser: Optional[float] = None  # set when the job computed the global normaliser itself
+    # Tokens the forward+backward runs over, when not `tokens` (GRPO: prompt + completion, while
+    # `tokens` counts the completions trained on). MFU's FLOPs count these.
+    compute_tokens: Optional[int] = None
 
 
 class Job:
@@ -72,6 +81,12 @@ class Job:
     def step_metrics(self) -> Dict[str, Any]:
         """Extra fields for the metrics record of the step just trained."""
         return {}
+
+    def forward_tokens(self) -> int:
+        """Tokens this rank ran through forward-only passes in the step just run (reference or
+        old-policy log-probs, generation, held-out evaluation), padding excluded. MFU counts each
+        at a third of a training token's FLOPs (elastic/train/loop.py)."""
+        return 0
 
     def consumed_sample_ids(self) -> List[int]:
         """Ids the step just run consumed that its updates did not carry (GRPO: every completion

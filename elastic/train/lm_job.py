@@ -22,7 +22,7 @@ from elastic.data.pipeline import DataPlan
 from elastic.data.reader import RankBatches, SampleStream, first_samples
 from elastic.train.job import Job, Update, WorkerContext
 from elastic.data.packing import IGNORE
-from elastic.train.step import LossFn, causal_lm_loss, global_sum, label_count, split_micro, to_device
+from elastic.train.step import LossFn, causal_lm_loss, label_count, split_micro, to_device
 
 
 class LMJob(Job):
@@ -41,6 +41,11 @@ class LMJob(Job):
         self.batches = RankBatches(stream, cursor, self.B, ctx.rank, ctx.world_size, cfg.data.prefetch_steps)
         self.bad_total = BadRows.from_dict(state.get("bad_rows", {}), keep=self.plan.report_bad_rows)
         self._eval_cache = None
+        self._forward_tokens = 0
+
+    def forward_tokens(self) -> int:
+        n, self._forward_tokens = self._forward_tokens, 0
+        return n
 
     def updates(self, step: int) -> Iterator[Update]:
         b = self.batches.next()
@@ -77,7 +82,8 @@ class LMJob(Job):
         with torch.no_grad():
             for mb in split_micro(mine, self.micro):
                 loss_sum += float(causal_lm_loss(self.ctx.model, to_device(mb, device)).loss_sum)
-        total, count = global_sum([loss_sum, label_count(mine)], device)
+        self._forward_tokens += label_count(mine)  # tokens with a target (the dummy rows have none)
+        total, count = self.ctx.comm.sum([loss_sum, label_count(mine)])
         val = total / max(count, 1)
         return {"val_loss": val, "val_ppl": math.exp(min(val, 50.0)), "val_tokens": int(count)}
 

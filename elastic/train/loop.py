@@ -16,7 +16,6 @@ from typing import Any, Callable, Dict, Optional
 
 import ray.train
 import torch
-import torch.distributed as dist
 
 from elastic.config import from_dict, resolved_model_dims
 from elastic.model import ModelArgs, Transformer, choose_backend, flops_per_token
@@ -29,7 +28,8 @@ from elastic.train.metrics import MetricsWriter, init_wandb, peak_flops
 from elastic.train.optim import build_optimizer, build_scheduler
 from elastic.train.parallelize import parallelize
 from elastic.train.profiling import StepProfiler
-from elastic.train.step import global_sum, train_step
+from elastic.train.comm import Comm
+from elastic.train.step import train_step
 from elastic.train.timing import StepTimer, memory_gib
 
 
@@ -37,6 +37,11 @@ def resolve_device(use_gpu: bool) -> torch.device:
     if use_gpu and torch.cuda.is_available():
         return ray.train.torch.get_device()
     return torch.device("cpu")
+
+
+def resolve_compile(setting: str, device: torch.device) -> bool:
+    """`train.compile`: auto compiles on CUDA (kernel fusion pays there), not on CPU."""
+    return setting == "true" or (setting == "auto" and device.type == "cuda")
 
 
 def resolve_param_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -56,7 +61,7 @@ def build_model(cfg, device: torch.device) -> tuple[Transformer, ModelArgs, str]
     added (seeded, B = 0) and the base is frozen."""
     dims = resolved_model_dims(cfg)
     args = ModelArgs(**dims)
-    backend = choose_backend(cfg.model.attention, device)
+    backend = choose_backend(cfg.model.attention, device, resolve_compile(cfg.train.compile, device))
     model = Transformer(args, attention_backend=backend)
     lora = lora_of(cfg)
     if lora is not None:
@@ -86,7 +91,7 @@ def build_sharded_model(cfg, device: torch.device, param_dtype: torch.dtype) -> 
     `build_model`'s for the same seed, bit for bit, at any world size."""
     dims = resolved_model_dims(cfg)
     args = ModelArgs(**dims)
-    backend = choose_backend(cfg.model.attention, device)
+    backend = choose_backend(cfg.model.attention, device, resolve_compile(cfg.train.compile, device))
     with torch.device("meta"):
         model = Transformer(args, attention_backend=backend)
     lora = lora_of(cfg)
@@ -196,14 +201,19 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
 
     param_dtype = resolve_param_dtype(t.param_dtype, device)
     model, args, backend = build_sharded_model(cfg, device, param_dtype)
-    if t.compile:
+    comm = Comm.of(model)  # every collective of this worker, on the parameters' device
+    if resolve_compile(t.compile, device):
         for block in model.layers:
             block.compile()
     opt = build_optimizer(model, t.lr, t.weight_decay, (t.beta1, t.beta2), fused=device.type == "cuda")
     lora = lora_of(cfg)
     # LoRA checkpoints hold the adapters only: the frozen base is loaded from its source on
     # every (re)start, then the adapters and their optimizer state from the checkpoint.
-    ckpt = Checkpointer(cfg.checkpoint.every_steps, job_state_keys(make_job), trainable_only=lora is not None)
+    # Checkpoints go straight into the run dir (Ray Train's experiment dir); by default they are
+    # written in the background (elastic/train/checkpoint.py).
+    ckpt = Checkpointer(cfg.checkpoint.every_steps, job_state_keys(make_job), trainable_only=lora is not None,
+                        run_dir=config["run_dir"], comm=comm, async_save=cfg.checkpoint.async_save,
+                        events=os.path.join(records_dir, EVENTS))
     if lora is not None:
         load_initial_weights(model, cfg)
     state = ckpt.restore(model, opt)
@@ -213,7 +223,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
             load_initial_weights(model, cfg)  # model.init_from, if any (else the seeded init stands)
     start_step, counters = state.step, state.counters
     job = make_job()
-    job.start(WorkerContext(cfg, rank, world, device, model, records_dir, config), state.job)
+    job.start(WorkerContext(cfg, rank, world, device, model, records_dir, config, comm), state.job)
     ups = job.updates_per_step  # optimizer updates per global step (GRPO: several per rollout)
     sched = build_scheduler(opt, t.warmup_steps * ups, t.steps * ups, t.min_lr_ratio)
     if state.scheduler:
@@ -224,9 +234,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
             group["lr"] = lr
 
     # One id per worker-group attempt, shared by all ranks (the ledger groups records by it).
-    ids = [time.time()]
-    dist.broadcast_object_list(ids, src=0)
-    start_time = ids[0]
+    start_time = comm.broadcast_object(time.time(), src=0)
     counters.setdefault("tokens", 0)
     counters.setdefault("run_start", start_time)
     counters.setdefault("useful_s", 0.0)  # seconds of steps up to the checkpoint (they count)
@@ -266,7 +274,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
             timer.reset()
             t0 = time.perf_counter()
             lr = sched.get_last_lr()[0]
-            losses, grad_norm, skipped, tokens, sample_ids = [], 0.0, False, 0, []
+            losses, grad_norm, skipped, tokens, compute_tokens, sample_ids = [], 0.0, False, 0, 0, []
             with profiler.step(s1, first=step == start_step):
                 it = job.updates(step)
                 while True:
@@ -278,29 +286,30 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
                         norm = upd.normaliser
                     else:
                         with timer.phase("sync", host=True):  # also where ranks wait for the slowest one's data
-                            norm = global_sum([upd.units], device)[0]
-                    out = train_step(model, opt, upd.micro_batches, loss_fn, norm, t.grad_clip, device, timer,
+                            norm = comm.sum([upd.units])[0]
+                    out = train_step(model, opt, upd.micro_batches, loss_fn, norm, t.grad_clip, comm, timer,
                                      poison=s1 in nan_steps)
                     sched.step()
                     job.observe(out)
                     losses.append(out.stats.get("loss_sum", float("nan")) / max(norm, 1e-12))
                     grad_norm, skipped = out.grad_norm, skipped or out.skipped
                     tokens += upd.tokens
+                    compute_tokens += upd.tokens if upd.compute_tokens is None else upd.compute_tokens
                     sample_ids += upd.sample_ids
                 sample_ids += job.consumed_sample_ids()
             local_s = time.perf_counter() - t0
-            # One small collective: global tokens and the slowest rank's time (also a barrier).
-            gathered = torch.zeros(2 * world, dtype=torch.float64)
-            with timer.phase("sync", host=True):
-                dist.all_gather_into_tensor(gathered, torch.tensor([float(tokens), local_s], dtype=torch.float64))
             metrics_extra = job.step_metrics()
             with timer.phase("eval", host=True):  # held-out evaluation, on the steps the job evaluates
                 evals = job.evaluate(s1)
+            # One small collective: global token counts and the slowest rank's time (also a barrier).
+            with timer.phase("sync", host=True):
+                gathered = comm.gather([float(tokens), local_s, float(compute_tokens), float(job.forward_tokens())])
             phases = timer.seconds()
             if not evals:
                 phases.pop("eval_s", None)
-            tokens_global = int(gathered[0::2].sum())
-            slowest = float(gathered[1::2].max())
+            tokens_global = int(gathered[:, 0].sum())
+            slowest = float(gathered[:, 1].max())
+            trained_global, forward_global = float(gathered[:, 2].sum()), float(gathered[:, 3].sum())
             loss = sum(losses) / max(1, len(losses))
             verdict = guard.observe(s1, loss, grad_norm, skipped)
             if verdict.bad:
@@ -314,7 +323,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
                     append_record(events, {"event": "stop", "time": time.time(), "step": s1, "reason": verdict.stop})
                     print(f"[elastic] stopping: {verdict.stop}")
                 break
-            ckpt_s = None
+            ckpt_t = None  # this step's checkpoint seconds (elastic/train/checkpoint.py)
             step_s_train = time.perf_counter() - t0
             # Never checkpoint inside a streak of bad steps: the last good checkpoint is what a
             # relaunch (e.g. with a lower LR) should resume from.
@@ -328,18 +337,32 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
                                    world_size=world, info=info)
                 if rank == 0:
                     append_record(events, {"event": "checkpoint_start", "time": time.time(), "step": s1})
-                ckpt_s = ckpt.save(model, opt, state, {"step": s1, "loss": loss})
+                ckpt_t = ckpt.save(model, opt, state, {"step": s1, "loss": loss}, final=s1 == stop)
+            else:  # while a save is writing in the background: register it once every rank is done
+                ckpt_t = ckpt.poll()
             step_s = time.perf_counter() - t0
-            attempt_useful += step_s - (step_s_train if ckpt_s is not None else 0.0)
+            saved = ckpt_t is not None and "checkpoint_stall_s" in ckpt_t
+            attempt_useful += step_s - (step_s_train if saved else 0.0)
             if rank == 0:
+                # MFU = model FLOPs / step time / (peak x devices), model FLOPs = flops_per_token x
+                # (tokens through forward+backward + forward-only tokens / 3): a forward is a third
+                # of a training pass (2N of 6N per token). Forward-only: reference and old-policy
+                # log-probs, generation, held-out evaluation (Job.forward_tokens).
+                model_flops = fpt * (trained_global + forward_global / 3.0)
                 rec = {"step": s1, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": tokens_global,
-                       "tokens_per_s": tokens_global / step_s, "mfu": fpt * tokens_global / step_s / (peak * world),
+                       "tokens_per_s": tokens_global / step_s, "mfu": model_flops / step_s / (peak * world),
                        "step_s": step_s, "slowest_rank_step_s": slowest, "world_size": world,
+                       # The attempt's first step (compile, CUDA/data start-up): not a steady rate.
+                       **({"warmup": True} if step == start_step else {}),
                        **{k: v for k, v in phases.items()}, **memory_gib(device), "time": time.time()}
                 # The optimizer updates' own time (GRPO's update phase; forward+backward+optimizer).
                 rec["update_s"] = sum(phases.get(k, 0.0) for k in ("forward_s", "backward_s", "optimizer_s"))
-                if ckpt_s is not None:
-                    rec["checkpoint_s"] = ckpt_s
+                if rec["update_s"] > 0:  # the same FLOPs formula over the updates' own time (rank 0's)
+                    rec["update_mfu"] = fpt * trained_global / rec["update_s"] / (peak * world)
+                if forward_global:
+                    rec["forward_tokens"] = int(forward_global)
+                if ckpt_t is not None:
+                    rec.update(ckpt_t)
                 if profiler.comm_s is not None:
                     rec["comm_s"] = profiler.comm_s
                 if profiler.overhead_s:
@@ -359,7 +382,11 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
                 if s1 % t.log_every == 0 or step == start_step:
                     print(f"[elastic] step {s1}/{t.steps} loss {loss:.4f} lr {lr:.2e} tok/s {rec['tokens_per_s']:.0f} "
                           f"mfu {rec['mfu']:.2%} data_wait {phases.get(job.wait_phase + '_s', 0) * 1e3:.0f}ms world {world}")
+        # A stop rule ended the loop early (or the last step could not save): register the save
+        # still writing, if any, before returning.
+        ckpt.finish()
     finally:
+        ckpt.close()
         profiler.close()
     job.close()
     if rank == 0:

@@ -30,9 +30,12 @@ def parallelize(model: Transformer, device: torch.device, param_dtype: torch.dty
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     n = len(model.layers)
+    # One worker holds every parameter whole: resharding after forward would only free the
+    # compute-dtype copies and cast them again for backward. Keep them (memory: one bf16 copy).
+    alone = dist.get_world_size() == 1
     for i, block in enumerate(model.layers):
         # The last block's parameters are needed first in backward: keep them gathered.
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < n - 1)
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < n - 1 and not alone)
     fully_shard(model, mesh=mesh, mp_policy=mp)
     for m in model.modules():
         if hasattr(m, "set_gradient_divide_factor"):

@@ -21,18 +21,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 
 from elastic.data.packing import IGNORE
-from elastic.model.attention import build_attention_metadata
+from elastic.model.attention import build_attention_metadata, host_doc_spans
+from elastic.train.comm import Comm
 from elastic.train.timing import StepTimer
 
-Micro = Dict[str, torch.Tensor]
+Micro = Dict[str, Any]  # tensors on the device, plus "_max_seqlen" (int; see to_device)
 
 
 @dataclass
@@ -44,9 +44,16 @@ class LossOutput:
 LossFn = Callable[[torch.nn.Module, Micro], LossOutput]
 
 
+def batch_attention(model: torch.nn.Module, mb: Micro):
+    """The attention metadata of a micro-batch made by `to_device`: document spans computed on
+    the host there, so building it issues no host sync on the device."""
+    spans = (mb["_cu_seqlens"], mb["_max_seqlen"]) if "_cu_seqlens" in mb else None
+    return build_attention_metadata(mb["doc_ids"], model.attention_backend, spans)
+
+
 def causal_lm_loss(model: torch.nn.Module, mb: Micro) -> LossOutput:
     """Token cross-entropy summed over the targets packing marked (`labels` != IGNORE)."""
-    meta = build_attention_metadata(mb["doc_ids"], model.attention_backend)
+    meta = batch_attention(model, mb)
     logits = model(mb["tokens"], mb["positions"], mb["doc_ids"], meta)
     loss = F.cross_entropy(logits.float().flatten(0, 1), mb["labels"].flatten().long(), ignore_index=IGNORE, reduction="sum")
     return LossOutput(loss, {"loss_sum": loss.detach()})
@@ -58,7 +65,9 @@ def label_count(rows: Dict[str, np.ndarray]) -> int:
 
 
 def to_device(rows: Dict[str, np.ndarray], device: torch.device) -> Micro:
-    """Numeric columns of a micro-batch as tensors on `device` (pinned, non-blocking on CUDA)."""
+    """Numeric columns of a micro-batch as tensors on `device` (pinned, non-blocking on CUDA),
+    plus `_cu_seqlens` / `_max_seqlen`: the document spans of `doc_ids`, computed here on the
+    host (for the varlen attention kernels; see `batch_attention`). `_max_seqlen` is an int."""
     pin = device.type == "cuda"
     out: Micro = {}
     for k, v in rows.items():
@@ -68,20 +77,18 @@ def to_device(rows: Dict[str, np.ndarray], device: torch.device) -> Micro:
         if t.dtype == torch.int32 and k in ("tokens", "positions", "doc_ids", "labels"):
             t = t.long()
         out[k] = (t.pin_memory() if pin else t).to(device, non_blocking=pin)
+    doc = rows.get("doc_ids")
+    if isinstance(doc, np.ndarray) and doc.ndim == 2 and doc.size:
+        cu, longest = host_doc_spans(doc)
+        t = torch.from_numpy(cu)
+        out["_cu_seqlens"] = (t.pin_memory() if pin else t).to(device, non_blocking=pin)
+        out["_max_seqlen"] = longest  # a Python int: reading it never waits for the device
     return out
 
 
 def split_micro(rows: Dict[str, np.ndarray], micro_batch_size: int) -> List[Dict[str, np.ndarray]]:
     n = len(next(iter(rows.values())))
     return [{k: v[i:i + micro_batch_size] for k, v in rows.items()} for i in range(0, n, micro_batch_size)]
-
-
-def global_sum(values: Sequence[float], device: torch.device) -> List[float]:
-    """Sum a few numbers over all ranks (one small collective; identity without a group)."""
-    t = torch.tensor(list(values), dtype=torch.float64, device=device)
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return t.tolist()
 
 
 @dataclass
@@ -92,11 +99,13 @@ class StepOutput:
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_batches: Sequence[Dict[str, np.ndarray]],
-               loss_fn: LossFn, normaliser: float, grad_clip: float, device: torch.device,
+               loss_fn: LossFn, normaliser: float, grad_clip: float, comm: Comm,
                timer: Optional[StepTimer] = None, poison: bool = False) -> StepOutput:
     """Forward/backward over micro-batches with gradient accumulation, then (unless the loss or
-    gradient norm is non-finite) clip and step. `normaliser` is the global unit count.
+    gradient norm is non-finite) clip and step. `normaliser` is the global unit count; `comm`
+    sums the statistics over ranks on the model's device (elastic/train/comm.py).
     `poison` multiplies the loss by NaN (fault injection for the stability guard's tests)."""
+    device = comm.device
     timer = timer or StepTimer(device)
     n_micro = len(micro_batches)
     sums: Dict[str, torch.Tensor] = {}
@@ -121,8 +130,8 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_b
         # One host sync for everything the skip decision needs: summed stats and the norm.
         keys = sorted(sums)
         vec = torch.stack([sums[k] for k in keys]) if keys else torch.zeros(0, dtype=torch.float64, device=device)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1 and keys:
-            dist.all_reduce(vec)
+        if keys:
+            comm.all_reduce_(vec)
         host = torch.cat([vec, grad_norm.detach().double().reshape(1).to(vec.device)]).tolist()
         totals, gn = dict(zip(keys, host[:-1])), host[-1]
         skipped = not math.isfinite(gn) or any(not math.isfinite(v) for v in totals.values())

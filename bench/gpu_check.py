@@ -1,0 +1,364 @@
+"""The GPU check: what anyone with a GPU machine runs first, in one command.
+
+  python bench/gpu_check.py                 # on the GPU machine: every part below
+  python bench/gpu_check.py --parts jobs    # some parts only (tests,jobs,throughput,generation,memory)
+  python bench/gpu_check.py --smoke         # the same parts at toy sizes on CPU (CI runs this)
+
+Parts, each timed, each failure recorded without ending the check:
+  tests       the GPU-marked tests (`pytest -m gpu`)
+  jobs        every job's default (pretrain, SFT, DPO, GRPO) at 1 worker, as `jobs/*.py` runs
+              it; DPO and GRPO start from the SFT run's last checkpoint. Steady tokens/s and MFU
+              from each run's metrics, and its bottleneck line
+  throughput  the training grid (attention x compile x micro-batch x vocabulary) through Ray
+              Train (bench/train_throughput.py), and beside it, in the same run, the HF
+              transformers peer on the same shape and batch (bench/hf_peer.py); the ratio of the
+              best of each per vocabulary
+  generation  bench/generate_throughput.py: our generation vs HF `generate()` vs the bound
+  memory     what fits one device per preset, full training and LoRA (an estimate: bytes of
+              parameters, gradients and AdamW state; activations not included)
+
+It writes JSON and a markdown table (default bench/results/gpu-<device>-<date>.json / .md) and
+deletes every run directory it made. On a machine with torch but no Ray and no network, bring
+Ray over first (../shared/gpu/README.md: pack-ray.sh).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+
+PARTS = ("tests", "jobs", "throughput", "generation", "memory")
+JOBS = (("pretrain", "jobs/pretrain.py"), ("sft", "jobs/sft.py"), ("dpo", "jobs/dpo.py"), ("grpo", "jobs/grpo.py"))
+# Toy sizes for --smoke (CPU, CI): the same code paths, a few steps each.
+SMOKE_JOB_OVERRIDES = {
+    # step 1 warms up, the steps between the saves are the steady ones
+    "pretrain": ["train.steps=4", "checkpoint.every_steps=3"],
+    "sft": ["train.steps=4", "checkpoint.every_steps=3", "eval.samples=4"],
+    "dpo": ["train.steps=3", "checkpoint.every_steps=3", "eval.samples=4"],
+    "grpo": ["train.steps=3", "checkpoint.every_steps=3", "rl.prompts_per_step=2", "rl.group_size=2",
+             "rl.max_new_tokens=16", "rl.eval_every=0", "reward.num_actors=1"],
+}
+
+
+def _py() -> str:
+    return sys.executable
+
+
+def _timed(fn, *args, **kwargs) -> Dict[str, Any]:
+    t0 = time.time()
+    try:
+        out = fn(*args, **kwargs)
+        out = out if isinstance(out, dict) else {"result": out}
+    except Exception as e:  # a part that fails is recorded; the check goes on
+        out = {"error": f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:400] if str(e).strip() else ''}"}
+    out["wall_s"] = round(time.time() - t0, 1)
+    return out
+
+
+# ---------------------------------------------------------------- tests
+def part_tests(smoke: bool) -> Dict[str, Any]:
+    target = ["tests/test_attention.py"] if smoke else ["tests"]
+    r = subprocess.run([_py(), "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *target],
+                       capture_output=True, text=True, cwd=REPO, timeout=1800)
+    tail = [ln for ln in r.stdout.strip().splitlines() if ln.strip()][-1:] or [""]
+    counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|deselected|error)", tail[0])}
+    return {"returncode": r.returncode, "summary": tail[0], **counts,
+            "failures": [ln for ln in r.stdout.splitlines() if ln.startswith(("FAILED", "ERROR"))][:20]}
+
+
+# ---------------------------------------------------------------- jobs
+def _latest_checkpoint(run_dir: str) -> Optional[str]:
+    from elastic.train.checkpoint import latest_complete
+
+    found = latest_complete(run_dir)
+    return found[0] if found else None
+
+
+def run_job(name: str, script: str, storage: str, overrides: List[str], timeout: float) -> Dict[str, Any]:
+    from bench.train_throughput import measure
+    from elastic.records import EVENTS, METRICS, read_records
+
+    run_name = f"gc-{name}"
+    over = [f"run.storage_path={storage}", f"run.name={run_name}", "scaling.min_workers=1", "scaling.max_workers=1",
+            "wandb.mode=disabled"] + overrides
+    cmd = [_py(), os.path.join(REPO, script)] + [x for o in over for x in ("--set", o)]
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
+    run_dir = os.path.join(storage, run_name)
+    out: Dict[str, Any] = {"returncode": r.returncode, "wall_s": round(time.time() - t0, 1), "run_dir": run_dir,
+                           "stderr_tail": r.stderr.strip().splitlines()[-3:] if r.returncode else []}
+    bottleneck = [ln for ln in r.stdout.splitlines() if ln.startswith("[elastic] bottleneck:")]
+    out["bottleneck"] = bottleneck[-1] if bottleneck else None
+    metrics = os.path.join(run_dir, METRICS)
+    if os.path.exists(metrics):
+        recs = [x for x in read_records(metrics) if "step" in x]
+        events = read_records(os.path.join(run_dir, EVENTS))
+        start = next((e for e in events if e.get("event") == "start"), {})
+        m = measure(recs, events, 1)
+        out.update(steps=len(recs), steady_steps=m["steps_measured"], tokens_per_s=m["tokens_per_s"], mfu=m["mfu"],
+                   update_mfu=_mean([x.get("update_mfu") for x in recs[1:]]), checkpoints=m["checkpoints"],
+                   device=start.get("device"), attention_backend=start.get("attention_backend"),
+                   param_dtype=start.get("param_dtype"), world_size=recs[-1]["world_size"] if recs else None)
+    out["checkpoint"] = _latest_checkpoint(run_dir)
+    return out
+
+
+def _mean(xs) -> Optional[float]:
+    v = [x for x in xs if isinstance(x, (int, float))]
+    return sum(v) / len(v) if v else None
+
+
+def part_jobs(smoke: bool, storage: str, timeout: float) -> Dict[str, Any]:
+    res: Dict[str, Any] = {}
+    for name, script in JOBS:
+        over = list(SMOKE_JOB_OVERRIDES[name]) if smoke else []
+        if name in ("dpo", "grpo"):  # start from this check's SFT run, never a run of the machine's own
+            sft = res.get("sft", {}).get("checkpoint")
+            if not sft:
+                res[name] = {"error": "skipped: no SFT checkpoint to start from"}
+                continue
+            over.append(f"model.init_from={sft}")
+        res[name] = _timed(run_job, name, script, storage, over, timeout)
+    return res
+
+
+# ---------------------------------------------------------------- throughput
+def part_throughput(a: argparse.Namespace) -> Dict[str, Any]:
+    from bench import train_throughput as tt
+
+    targs = tt.parser().parse_args([])
+    if a.smoke:
+        tt.smoke_args(targs)
+        targs.attention, targs.compile, targs.micro_batch, targs.vocab = "auto", "off", "2", ""
+    else:
+        targs.preset, targs.seq_len, targs.global_batch = a.preset, a.seq_len, a.global_batch
+        targs.attention, targs.compile, targs.micro_batch, targs.vocab = a.attention, a.compile, a.micro_batch, a.vocab
+        targs.warmup, targs.steps, targs.ckpt_every = a.warmup, a.steps, a.ckpt_every
+    rows = tt.sweep(targs)
+    peers = []
+    vocabs = sorted({r["config"].get("data.vocab_size") for r in rows}, key=lambda v: v or 0)
+    for vocab in vocabs:
+        for comp in sorted({r["config"]["train.compile"] for r in rows}):
+            for mb in sorted({r["config"]["train.micro_batch_size"] for r in rows}):
+                vocab_size = vocab or _smoke_vocab(targs)
+                cmd = [_py(), os.path.join(HERE, "hf_peer.py"), "--preset", targs.preset, "--seq-len", str(targs.seq_len),
+                       "--global-batch", str(targs.global_batch), "--micro-batch", str(mb),
+                       "--compile", "on" if comp in ("true", "auto") and _cuda() else "off",
+                       "--vocab", str(vocab_size), "--warmup", str(2 if a.smoke else 3), "--steps", str(2 if a.smoke else 10)]
+                p = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1800)
+                line = p.stdout.strip().splitlines()[-1:] if p.returncode == 0 else []
+                peers.append(json.loads(line[0]) if line else {"error": p.stderr.strip().splitlines()[-1:], "vocab": vocab_size,
+                                                              "micro_batch": mb})
+    ratios = {}
+    for vocab in vocabs:
+        ours = [r["tokens_per_s"] for r in rows if "error" not in r and r["config"].get("data.vocab_size") == vocab]
+        vs = vocab or _smoke_vocab(targs)
+        theirs = [p["tokens_per_s"] for p in peers if "error" not in p and p.get("vocab") == vs]
+        if ours and theirs:
+            ratios[str(vs)] = max(ours) / max(theirs)
+    ok = all("error" not in r for r in rows + peers)
+    return {"returncode": 0 if ok else 1, "args": {k: v for k, v in vars(targs).items() if k != "out"}, "rows": rows, "peers": peers,
+            "best_ratio_vs_peer": ratios, "table": tt.table(rows)}
+
+
+def _smoke_vocab(targs) -> int:
+    for o in targs.overrides:
+        if o.startswith("data.vocab_size="):
+            return int(o.split("=", 1)[1])
+    from elastic.config.schema import DataSection
+
+    return DataSection().vocab_size
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# ---------------------------------------------------------------- generation
+def part_generation(smoke: bool, out_dir: str) -> Dict[str, Any]:
+    path = os.path.join(out_dir, "generate.json")
+    cmd = [_py(), os.path.join(HERE, "generate_throughput.py"), "--out", path] + (
+        ["--smoke"] if smoke else ["--presets", "125m,1b", "--batch", "1,16,64", "--new-tokens", "64"])
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=3600)
+    out: Dict[str, Any] = {"returncode": r.returncode, "stdout_tail": r.stdout.strip().splitlines()[-30:]}
+    if os.path.exists(path):
+        with open(path) as f:
+            out["results"] = json.load(f)
+    elif r.returncode:
+        out["error"] = (r.stderr.strip().splitlines() or [""])[-1]
+    return out
+
+
+# ---------------------------------------------------------------- memory
+def part_memory(device_gib: Optional[float]) -> Dict[str, Any]:
+    """Bytes per parameter of the state that lives through a step under FSDP2 mixed precision on
+    one device: fp32 parameters (4) + fp32 gradients (4) + AdamW moments (8) = 16 B, plus the
+    bf16 compute copy of the largest block while it runs; LoRA keeps the frozen base in bf16
+    (2 B) and trains adapters only. Activations come on top (seq x batch dependent)."""
+    from elastic.config.presets import PRESETS
+    from elastic.model import ModelArgs
+
+    out = {}
+    for name, p in PRESETS.items():
+        vocab = 128256 if name in ("1b", "8b") else 32000
+        a = ModelArgs(vocab_size=vocab, max_seq_len=4096, **{k: p[k] for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden")},
+                      tie_embeddings=p["tie_embeddings"])
+        d, L = a.dim, a.n_layers
+        block = 2 * d * a.n_heads * a.head_dim + 2 * d * a.n_kv_heads * a.head_dim + 3 * d * a.ffn_hidden + 2 * d
+        n = L * block + d + vocab * d * (1 if a.tie_embeddings else 2)
+        full = (16 * n + 2 * block) / 2**30
+        lora = 2 * n / 2**30
+        row = {"params": n, "vocab": vocab, "full_training_state_gib": round(full, 1), "lora_frozen_base_gib": round(lora, 1)}
+        if device_gib:
+            row["full_fits_one_device"] = full < device_gib
+            row["lora_fits_one_device"] = lora < device_gib
+        out[name] = row
+    return {"device_gib": device_gib, "presets": out}
+
+
+# ---------------------------------------------------------------- report
+def environment() -> Dict[str, Any]:
+    from bench.train_throughput import environment as env
+
+    e = env()
+    import torch
+
+    e["device_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else None
+    return e
+
+
+def markdown(res: Dict[str, Any]) -> str:
+    e = res["environment"]
+    lines = [f"# GPU check, {res['date']}", "",
+             f"{e.get('gpu', 'no GPU (CPU)')}, driver {e.get('driver', '-')}, torch {e['torch']}, Ray {e['ray']}, "
+             f"Python {e['python']}; mode {'smoke' if res['smoke'] else 'full'}", ""]
+    t = res.get("tests")
+    if t:
+        lines += ["## GPU tests", "", f"`pytest -m gpu`: {t.get('summary') or t.get('error')}", ""]
+    j = res.get("jobs")
+    if j:
+        lines += ["## Jobs at 1 worker", "", "| job | exit | wall s | steps | steady tok/s | MFU | device | attention | bottleneck |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for name, r in j.items():
+            if "returncode" not in r:
+                lines.append(f"| {name} | - | - | - | - | - | - | - | {r.get('error')} |")
+                continue
+            lines.append(f"| {name} | {r['returncode']} | {r['wall_s']} | {r.get('steps', '-')} | {_n(r.get('tokens_per_s'))} | "
+                         f"{_p(r.get('mfu'))} | {r.get('device', '-')} | {r.get('attention_backend', '-')} | "
+                         f"{(r.get('bottleneck') or '').replace('[elastic] bottleneck: ', '')[:160]} |")
+        lines.append("")
+    tp = res.get("throughput")
+    if tp and "rows" in tp:
+        lines += ["## Training throughput (Ray Train, 1 worker)", "", "```"] + tp["table"] + ["```", "",
+                  "| peer (HF transformers) | vocab | compile | mb | tok/s | MFU |", "| --- | --- | --- | --- | --- | --- |"]
+        for p in tp["peers"]:
+            if "error" in p:
+                lines.append(f"| error | {p.get('vocab')} | - | {p.get('micro_batch')} | {p['error']} | - |")
+            else:
+                lines.append(f"| {p['peer']} | {p['vocab']} | {p['compile']} | {p['micro_batch']} | {_n(p['tokens_per_s'])} | {_p(p['mfu'])} |")
+        lines += ["", f"Best of ours / best of the peer, per vocabulary: {json.dumps({k: round(v, 3) for k, v in tp['best_ratio_vs_peer'].items()})}",
+                  "MFU = flops_per_token x tokens/s / (peak x devices), flops_per_token = 6N + 6*L*d*T (elastic/model/llama.py).", ""]
+    g = res.get("generation")
+    if g:
+        lines += ["## Generation", "", "```"] + g.get("stdout_tail", []) + ["```", ""]
+    m = res.get("memory")
+    if m and "presets" in m:
+        lines += ["## What fits one device (estimate: 16 B/param full training, 2 B/param frozen LoRA base; no activations)", "",
+                  "| preset | params | vocab | full GiB | LoRA base GiB | full fits | LoRA fits |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        for name, r in m["presets"].items():
+            lines.append(f"| {name} | {r['params'] / 1e9:.2f}B | {r['vocab']} | {r['full_training_state_gib']} | {r['lora_frozen_base_gib']} | "
+                         f"{r.get('full_fits_one_device', '-')} | {r.get('lora_fits_one_device', '-')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _n(v) -> str:
+    return f"{v:,.0f}" if isinstance(v, (int, float)) else "-"
+
+
+def _p(v) -> str:
+    return f"{v:.1%}" if isinstance(v, (int, float)) else "-"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"comma list of {', '.join(PARTS)}")
+    ap.add_argument("--smoke", action="store_true", help="toy sizes on CPU (CI)")
+    ap.add_argument("--out", default="", help="JSON path (default bench/results/gpu-<device>-<date>.json); .md beside it")
+    ap.add_argument("--job-timeout", type=float, default=1800)
+    # the throughput grid (GPU)
+    ap.add_argument("--preset", default="1b")
+    ap.add_argument("--seq-len", type=int, default=4096)
+    ap.add_argument("--global-batch", type=int, default=8)
+    ap.add_argument("--micro-batch", default="2")
+    ap.add_argument("--attention", default="auto")
+    ap.add_argument("--compile", default="off,on")
+    ap.add_argument("--vocab", default="2048,128256")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--ckpt-every", type=int, default=10)
+    a = ap.parse_args(argv)
+    parts = [p for p in a.parts.split(",") if p]
+    bad = [p for p in parts if p not in PARTS]
+    if bad:
+        ap.error(f"--parts: unknown {', '.join(bad)} (known: {', '.join(PARTS)})")
+    env = environment()
+    date = datetime.date.today().isoformat()
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", env.get("gpu", "cpu")).strip("-").lower()
+    out = a.out or os.path.join(REPO, "bench", "results", f"gpu-{slug}-{date}.json")
+    res: Dict[str, Any] = {"date": date, "smoke": a.smoke, "environment": env, "parts": parts}
+    storage = tempfile.mkdtemp(prefix="elastic-gpucheck-")
+    try:
+        for part in parts:
+            print(f"[gpu_check] {part} ...", flush=True)
+            if part == "tests":
+                res[part] = _timed(part_tests, a.smoke)
+            elif part == "jobs":
+                res[part] = part_jobs(a.smoke, storage, a.job_timeout)
+            elif part == "throughput":
+                res[part] = _timed(part_throughput, a)
+            elif part == "generation":
+                res[part] = _timed(part_generation, a.smoke, storage)
+            elif part == "memory":
+                res[part] = _timed(part_memory, env.get("device_gib"))
+            print(f"[gpu_check] {part} done", flush=True)
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)  # checkpoints, caches, generation JSON
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(res, f, indent=2, default=str)
+    md = os.path.splitext(out)[0] + ".md"
+    with open(md, "w") as f:
+        f.write(markdown(res))
+    print(markdown(res))
+    print(f"[gpu_check] wrote {out} and {md}")
+    failed = [p for p in parts if _failed(res.get(p))]
+    if failed:
+        print(f"[gpu_check] failed parts: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+def _failed(r: Any) -> bool:
+    if not isinstance(r, dict):
+        return False
+    if "error" in r or r.get("returncode") not in (None, 0):
+        return True
+    return any(_failed(v) for v in r.values() if isinstance(v, dict) and ("returncode" in v or "error" in v))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
