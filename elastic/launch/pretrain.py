@@ -284,7 +284,10 @@ class LMLaunch(JobLaunch):
 
     def __init__(self, kind: str):
         self.kind = kind
-        self.job = kind
+
+    @property
+    def job(self) -> str:  # the config validation's job name is the kind ("pretrain" | "sft")
+        return self.kind
 
     def plan(self, cfg: Config, paths: RunPaths, say) -> None:
         if cfg.model.init_from:

@@ -103,11 +103,6 @@ class DPOJob(Job):
         self._stats: Dict[str, float] = {}
         self._ref_s = 0.0
         self._held_ref: Optional[np.ndarray] = None
-        self._forward_tokens = 0  # reference and held-out forwards since the last step record
-
-    def forward_tokens(self) -> int:
-        n, self._forward_tokens = self._forward_tokens, 0
-        return n
 
     def start(self, ctx: WorkerContext, state: Dict[str, Any]) -> None:
         import ray
@@ -148,7 +143,7 @@ class DPOJob(Job):
         from elastic.model.lora import adapters_disabled
 
         t = to_device(batch, self.ctx.device)
-        self._forward_tokens += int((batch["doc_ids"] >= 0).sum())
+        self.count_forward((batch["doc_ids"] >= 0).sum())
         if self.ref_model is not None:
             model, ctx = self.ref_model, contextlib.nullcontext()
         else:  # LoRA: the base is the policy with its adapters off
@@ -219,7 +214,7 @@ class DPOJob(Job):
         sums = {k: 0.0 for k in ("loss_sum",) + STAT_KEYS}
         with torch.no_grad():
             for b in self._micro_batches(held, idx, table, weights):
-                self._forward_tokens += int((b["doc_ids"] >= 0).sum())
+                self.count_forward((b["doc_ids"] >= 0).sum())
                 out = loss_fn(self.ctx.model, to_device(b, self.ctx.device))
                 for k in sums:
                     sums[k] += float(out.stats[k])

@@ -136,7 +136,6 @@ class GRPOJob(Job):
     # ------------------------------------------------------------------ setup
     def start(self, ctx: WorkerContext, state: Dict[str, Any]) -> None:
         self._step_ids: List[int] = []  # completion ids of the step being run (for the ledger)
-        self._forward_tokens = 0  # generation, log-prob passes, held-out generation (for MFU)
         from elastic.reward.service import connect
 
         self.ctx = ctx
@@ -184,7 +183,7 @@ class GRPOJob(Job):
         prompts = self.stream.step(step, rl.prompts_per_step)
         ks = flat(self.mine)
         rollouts = self._generate(step, prompts, ks)
-        self._forward_tokens += sum(len(r.prompt) + len(r.tokens) for r in rollouts)  # prefill + decode
+        self.count_forward(sum(len(r.prompt) + len(r.tokens) for r in rollouts))  # prefill + decode
         t0 = time.perf_counter()
         self._logprob_passes(rollouts)
         self._metrics["logprob_s"] = time.perf_counter() - t0
@@ -212,10 +211,6 @@ class GRPOJob(Job):
     def consumed_sample_ids(self) -> List[int]:
         ids, self._step_ids = self._step_ids, []
         return ids
-
-    def forward_tokens(self) -> int:
-        n, self._forward_tokens = self._forward_tokens, 0
-        return n
 
     def _generate(self, step: int, prompts: List[Tuple[int, str]], ks: List[int]) -> List[Rollout]:
         from elastic.train.fsdp_generate import fsdp_generate
@@ -275,7 +270,7 @@ class GRPOJob(Job):
         mbs = self.rl.micro_batch_size
         for i in range(0, len(rows), mbs):
             part = rows[i:i + mbs]
-            self._forward_tokens += sum(len(r.prompt) + len(r.tokens) for r in part)
+            self.count_forward(sum(len(r.prompt) + len(r.tokens) for r in part))
             b = self._sequence_batch(part)
             t = to_device(b, self.ctx.device)
             logits = model(t["tokens"], t["positions"], t["doc_ids"], batch_attention(model, t))
@@ -408,7 +403,7 @@ class GRPOJob(Job):
         mine = self.heldout[ctx.rank::ctx.world_size]
         outs = fsdp_generate(ctx.model, [self.prompt_tokens(p) for p in mine], rl.max_new_tokens, temperature=0.0,
                              stop_token_ids=[self.eos_id], max_batch=rl.rollout_batch)
-        self._forward_tokens += sum(len(self.prompt_tokens(p)) + len(o.tokens) for p, o in zip(mine, outs))
+        self.count_forward(sum(len(self.prompt_tokens(p)) + len(o.tokens) for p, o in zip(mine, outs)))
         keys = [f"{self.run_name}:eval{step}:{p}" for p in mine]
         self.reward.submit([(k, p, decode_text(self.tok, o.tokens)) for k, p, o in zip(keys, mine, outs)])
         got: Dict[str, Any] = {}

@@ -82,11 +82,18 @@ class Job:
         """Extra fields for the metrics record of the step just trained."""
         return {}
 
+    _forward = 0  # forward-only tokens since the loop last asked (see forward_tokens)
+
+    def count_forward(self, tokens: int) -> None:
+        """Record `tokens` run through a forward-only pass (reference or old-policy log-probs,
+        generation, held-out evaluation), padding excluded."""
+        self._forward = self._forward + int(tokens)
+
     def forward_tokens(self) -> int:
-        """Tokens this rank ran through forward-only passes in the step just run (reference or
-        old-policy log-probs, generation, held-out evaluation), padding excluded. MFU counts each
-        at a third of a training token's FLOPs (elastic/train/loop.py)."""
-        return 0
+        """Forward-only tokens this rank counted since the last call (the step just run). MFU
+        counts each at a third of a training token's FLOPs (elastic/train/loop.py)."""
+        n, self._forward = self._forward, 0
+        return n
 
     def consumed_sample_ids(self) -> List[int]:
         """Ids the step just run consumed that its updates did not carry (GRPO: every completion

@@ -41,11 +41,6 @@ class LMJob(Job):
         self.batches = RankBatches(stream, cursor, self.B, ctx.rank, ctx.world_size, cfg.data.prefetch_steps)
         self.bad_total = BadRows.from_dict(state.get("bad_rows", {}), keep=self.plan.report_bad_rows)
         self._eval_cache = None
-        self._forward_tokens = 0
-
-    def forward_tokens(self) -> int:
-        n, self._forward_tokens = self._forward_tokens, 0
-        return n
 
     def updates(self, step: int) -> Iterator[Update]:
         b = self.batches.next()
@@ -82,7 +77,7 @@ class LMJob(Job):
         with torch.no_grad():
             for mb in split_micro(mine, self.micro):
                 loss_sum += float(causal_lm_loss(self.ctx.model, to_device(mb, device)).loss_sum)
-        self._forward_tokens += label_count(mine)  # tokens with a target (the dummy rows have none)
+        self.count_forward(label_count(mine))  # tokens with a target (the dummy rows have none)
         total, count = self.ctx.comm.sum([loss_sum, label_count(mine)])
         val = total / max(count, 1)
         return {"val_loss": val, "val_ppl": math.exp(min(val, 50.0)), "val_tokens": int(count)}
