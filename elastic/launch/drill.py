@@ -4,7 +4,8 @@ Ray cluster and inject the events elastic training must survive, then check the 
 Schedule (driven by the run's own progress in metrics.jsonl):
   1. start with the head only (1 trainer slot)        → world size 1
   2. after `add_after` steps, a node joins              → resize 1 → 2
-  3. `gap` steps later, that node's processes are killed → failure, 2 → 1
+  3. `gap` steps later, once a world-size-2 checkpoint is registered, that node's processes are
+     killed → failure, 2 → 1
   4. `gap` steps later, a train worker gets SIGKILL      → failure, 1 → 1
   5. the run finishes; a fixed-size run of the same config runs for comparison.
 Reported: restarts (cause, world sizes, recovery seconds, steps redone), goodput, the ledger
@@ -26,6 +27,7 @@ from elastic.launch import ledger as ledger_lib
 from elastic.launch.local_cluster import LocalCluster
 from elastic.launch.recovery import analyze, format_table, read_jsonl
 
+REGISTER_S = 4.0  # Ray Train's controller registers a reported checkpoint on its next poll (~2 s)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -77,6 +79,11 @@ class Job:
     def steps_at(self, world: int, since: float) -> int:
         return sum(1 for r in self.metrics() if r["world_size"] == world and r["time"] >= since)
 
+    def checkpoint_done_since(self, since: float, settle_s: float = 0.0) -> bool:
+        """A checkpoint reported to Ray Train after `since` and at least `settle_s` ago."""
+        now = time.time()
+        return any(e["event"] == "checkpoint_done" and since <= e["time"] <= now - settle_s for e in self.events())
+
     def finish(self, timeout: float) -> int:
         try:
             return self.proc.wait(timeout=timeout)
@@ -105,7 +112,12 @@ def run_drill(out_dir: str, steps: int = 40, add_after: int = 4, gap: int = 3, t
         node = cluster.add_node(num_cpus=1, resources={"trainer": 1})
         t_add = time.time()
         injected.append({"event": "add_node", "time": t_add})
-        job.wait_for(lambda: job.steps_at(2, t_add) >= gap, f"{gap} steps at world size 2", timeout)
+        # The node goes only once a checkpoint written at world size 2 has had time to be registered
+        # (rank 0 logs `checkpoint_done` when it reports the save; Ray Train's controller registers it
+        # on its next poll, ~2 s): killing earlier tests nothing more and, with asynchronous saves,
+        # loses every world-size-2 step, which the ledger check below must see.
+        job.wait_for(lambda: job.steps_at(2, t_add) >= gap and job.checkpoint_done_since(t_add, settle_s=REGISTER_S),
+                     f"{gap} steps and a registered checkpoint at world size 2", timeout)
         node.kill()
         t_kill = time.time()
         injected.append({"event": "kill_node", "time": t_kill})
