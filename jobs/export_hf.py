@@ -1,8 +1,9 @@
 """Export one of our checkpoints as a Hugging Face model directory:
 `python jobs/export_hf.py --checkpoint <run>/step_N --out <dir> [--dtype bf16] [--max-shard-size 5GB] [--merge-lora | --peft]`.
 
-The result loads with `transformers.AutoModelForCausalLM.from_pretrained(<dir>)` (Llama, or
-Qwen2 when the model has q/k/v biases) and `AutoTokenizer.from_pretrained(<dir>)`. Runs in
+The result loads with `transformers.AutoModelForCausalLM.from_pretrained(<dir>)` (Llama, with
+Llama 3.1's `rope_scaling` when it has one; Qwen2 when the model has q/k/v biases; Qwen3 when
+it has q/k norms) and `AutoTokenizer.from_pretrained(<dir>)`. Runs in
 one process with no Ray and no process group; the checkpoint may come from any world size.
 A LoRA checkpoint (adapters only) exports either merged into its base (`--merge-lora`: a full
 model, as above) or as a PEFT adapter directory (`--peft`: `adapter_config.json` and

@@ -47,9 +47,9 @@ def test_unsupported_architecture_at_config_load(hf_dir):
 
 
 @pytest.mark.parametrize("edit,needle", [
-    ({"rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0}}, "rope_parameters.rope_type 'llama3' not supported"),
+    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 8.0}}, "rope_parameters.rope_type 'yarn' not supported"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' not supported"),
-    ({"head_dim": 32}, "head_dim 32 != hidden_size / num_attention_heads = 16"),
+    ({"head_dim": 15}, "head_dim must be a positive even integer (RoPE), got 15"),
     ({"attention_bias": True}, "attention_bias true not supported"),
     ({"hidden_size": None}, "hidden_size must be a positive integer, got None"),
 ])

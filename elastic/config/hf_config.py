@@ -1,22 +1,30 @@
-"""Model dimensions from a Hugging Face `config.json` (Llama / Qwen2), as plain JSON.
+"""Model dimensions from a Hugging Face `config.json` (Llama / Qwen2 / Qwen3), as plain JSON.
 
 Lives in the config layer because config validation resolves `model.init_from` before any
 work starts, and must not import torch or the model. elastic/model/hf.py builds on it (the
 weight-name map, the safetensors checks, loading and export).
 
-Supported: `LlamaForCausalLM` and `Qwen2ForCausalLM` with SiLU MLPs, default RoPE, no
-sliding window, head_dim = hidden_size / num_attention_heads. Anything else is one line
-naming the key in config.json.
+Supported: `LlamaForCausalLM` (Llama 2/3/3.1/3.2), `Qwen2ForCausalLM` and `Qwen3ForCausalLM`
+with SiLU MLPs, no sliding window, RoPE plain or scaled "linear" or "llama3" (Llama 3.1/3.2's
+`rope_scaling`), any even head_dim. Anything else (yarn, dynamic, longrope RoPE; o_proj or MLP
+biases; ...) is one line naming config.json and the key, before any weight is read.
+
+The dims carry only the ModelArgs fields a model needs: `qk_norm` (Qwen3), `head_dim` (when it
+is not hidden_size / num_attention_heads) and `rope_scaling` (when not plain RoPE) appear only
+when they apply, so a Llama or Qwen2 directory gives the same dims as before they existed.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict
+from typing import Any, Dict, Optional, Tuple
 
-ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+ROPE_TYPES = ("default", "linear", "llama3")
+# transformers' Qwen3Config default when config.json has no head_dim (Llama/Qwen2: hidden / heads).
+QWEN3_DEFAULT_HEAD_DIM = 128
 
 
 class HFConfigError(ValueError):
@@ -53,19 +61,57 @@ def hf_architecture(raw: Dict[str, Any], where: str = "config.json") -> str:
     raise HFConfigError(f"{where}: model_type {mt!r} not supported (supported: {', '.join(ARCHITECTURES)})")
 
 
-def _rope_theta(raw: Dict[str, Any], where: str) -> float:
-    # transformers >= 5 writes rope_parameters; 4.x writes rope_theta (+ rope_scaling).
-    params = raw.get("rope_parameters") or raw.get("rope_scaling") or {}
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _rope(raw: Dict[str, Any], where: str) -> Tuple[float, Optional[Dict[str, Any]]]:
+    """(rope_theta, ModelArgs.rope_scaling) as transformers reads them.
+
+    transformers >= 5 writes `rope_parameters`; 4.x writes `rope_theta` and `rope_scaling`
+    (`type` in older files, `rope_type` in newer). As in transformers 5, a non-empty
+    `rope_scaling` wins over `rope_parameters`, and a theta inside the dict over the top-level
+    one. The scaling dict holds every value the frequencies need, resolved here (e.g. a missing
+    original_max_position_embeddings falls back to max_position_embeddings, as transformers'),
+    since our max_seq_len later becomes the run's data.seq_len."""
+    key = "rope_scaling" if raw.get("rope_scaling") else "rope_parameters"
+    params = raw.get(key) or {}
     if not isinstance(params, dict):
-        raise HFConfigError(f"{where}: rope_parameters must be an object, got {params!r}")
-    rtype = params.get("rope_type", params.get("type", "default"))
-    if rtype not in (None, "default"):
-        key = "rope_parameters" if raw.get("rope_parameters") else "rope_scaling"
-        raise HFConfigError(f"{where}: {key}.rope_type {rtype!r} not supported (only default RoPE)")
+        raise HFConfigError(f"{where}: {key} must be an object, got {params!r}")
+    field = "rope_type" if "rope_type" in params else "type"
+    rtype = params.get(field)
+    if rtype is None:
+        rtype = "default"
+    if rtype not in ROPE_TYPES:
+        raise HFConfigError(f"{where}: {key}.{field} {rtype!r} not supported (supported: {', '.join(ROPE_TYPES)})")
     theta = params.get("rope_theta", raw.get("rope_theta", 10000.0))
-    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
+    if not _number(theta) or theta <= 0:
         raise HFConfigError(f"{where}: rope_theta must be a positive number, got {theta!r}")
-    return float(theta)
+    prf = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if prf not in (None, 1, 1.0):
+        raise HFConfigError(f"{where}: partial_rotary_factor {prf!r} not supported (only 1.0)")
+    if rtype == "default":
+        return float(theta), None
+
+    def num(name: str, positive: bool = True) -> float:
+        v = params.get(name)
+        if not _number(v) or (positive and v <= 0):
+            raise HFConfigError(f"{where}: {key}.{name} must be a positive number for rope_type {rtype!r}, got {v!r}")
+        return float(v)
+
+    scaling: Dict[str, Any] = {"rope_type": rtype, "factor": num("factor")}
+    if rtype == "llama3":
+        low, high = num("low_freq_factor"), num("high_freq_factor")
+        if high <= low:
+            raise HFConfigError(f"{where}: {key}.high_freq_factor {high} must be greater than low_freq_factor {low}")
+        # transformers: a top-level original_max_position_embeddings (Phi-3 style) wins, then the
+        # dict's, then max_position_embeddings.
+        old = raw.get("original_max_position_embeddings", params.get("original_max_position_embeddings",
+                                                                      raw.get("max_position_embeddings", 2048)))
+        if not isinstance(old, int) or isinstance(old, bool) or old <= 0:
+            raise HFConfigError(f"{where}: {key}.original_max_position_embeddings must be a positive integer, got {old!r}")
+        scaling.update(low_freq_factor=low, high_freq_factor=high, original_max_position_embeddings=old)
+    return float(theta), scaling
 
 
 def hf_model_dims(path: str) -> Dict[str, Any]:
@@ -84,10 +130,15 @@ def hf_model_dims(path: str) -> Dict[str, Any]:
 
     dim, n_heads = need_int("hidden_size"), need_int("num_attention_heads")
     n_kv = raw.get("num_key_value_heads") or n_heads
-    if dim % n_heads:
-        raise HFConfigError(f"{where}: hidden_size {dim} is not divisible by num_attention_heads {n_heads}")
-    if raw.get("head_dim") not in (None, dim // n_heads):
-        raise HFConfigError(f"{where}: head_dim {raw['head_dim']} != hidden_size / num_attention_heads = {dim // n_heads} (not supported)")
+    head_dim = raw.get("head_dim")
+    if head_dim is None and arch == "Qwen3ForCausalLM":
+        head_dim = QWEN3_DEFAULT_HEAD_DIM
+    if head_dim is None:
+        if dim % n_heads:
+            raise HFConfigError(f"{where}: hidden_size {dim} is not divisible by num_attention_heads {n_heads}")
+        head_dim = dim // n_heads
+    elif not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0 or head_dim % 2:
+        raise HFConfigError(f"{where}: head_dim must be a positive even integer (RoPE), got {head_dim!r}")
     if not isinstance(n_kv, int) or n_heads % n_kv:
         raise HFConfigError(f"{where}: num_attention_heads {n_heads} is not divisible by num_key_value_heads {n_kv!r}")
     act = raw.get("hidden_act", "silu")
@@ -95,17 +146,25 @@ def hf_model_dims(path: str) -> Dict[str, Any]:
         raise HFConfigError(f"{where}: hidden_act {act!r} not supported (only silu)")
     if raw.get("mlp_bias"):
         raise HFConfigError(f"{where}: mlp_bias true not supported")
-    if arch == "LlamaForCausalLM" and raw.get("attention_bias"):
+    if arch in ("LlamaForCausalLM", "Qwen3ForCausalLM") and raw.get("attention_bias"):
         raise HFConfigError(f"{where}: attention_bias true not supported (it also biases o_proj)")
-    if arch == "Qwen2ForCausalLM" and raw.get("use_sliding_window"):
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and raw.get("use_sliding_window"):
         raise HFConfigError(f"{where}: use_sliding_window true not supported")
     eps = raw.get("rms_norm_eps", 1e-6)
     tie = raw.get("tie_word_embeddings", False)  # both classes default to untied
     if not isinstance(tie, bool):
         raise HFConfigError(f"{where}: tie_word_embeddings must be true/false, got {tie!r}")
-    return dict(
+    theta, scaling = _rope(raw, where)
+    dims: Dict[str, Any] = dict(
         vocab_size=need_int("vocab_size"), dim=dim, n_layers=need_int("num_hidden_layers"), n_heads=n_heads,
         n_kv_heads=n_kv, ffn_hidden=need_int("intermediate_size"), max_seq_len=int(raw.get("max_position_embeddings", 2048)),
-        tie_embeddings=tie, rope_theta=_rope_theta(raw, where), norm_eps=float(eps),
+        tie_embeddings=tie, rope_theta=theta, norm_eps=float(eps),
         qkv_bias=arch == "Qwen2ForCausalLM",
     )
+    if arch == "Qwen3ForCausalLM":
+        dims["qk_norm"] = True
+    if dim % n_heads or head_dim != dim // n_heads:
+        dims["head_dim"] = head_dim
+    if scaling is not None:
+        dims["rope_scaling"] = scaling
+    return dims

@@ -2,7 +2,7 @@
 
 llama.py (the model), attention.py (document-masked backends), generate.py (the generation
 engine: decoder.py, static_cache.py, sampling.py, cuda_graphs.py; generate_reference.py and
-kv_cache.py are the pre-engine path, kept as its reference), hf.py (Hugging Face Llama/Qwen2
+kv_cache.py are the pre-engine path, kept as its reference), hf.py (Hugging Face Llama/Qwen2/Qwen3
 in and out), dcp_io.py (reading our checkpoints in one process, for tools).
 """
 

@@ -1,7 +1,10 @@
-"""Hugging Face format in and out: LlamaForCausalLM and Qwen2ForCausalLM directories.
+"""Hugging Face format in and out: LlamaForCausalLM (incl. Llama 3.1/3.2 "llama3" RoPE
+scaling), Qwen2ForCausalLM and Qwen3ForCausalLM directories.
 
-Our Transformer has HF's layout (rotate-half RoPE, Qwen2's q/k/v biases, tied or untied
-output), so a weight maps by its name alone: `hf_key_map(args)` is that map, ours → HF.
+Our Transformer has HF's layout (rotate-half RoPE, Qwen2's q/k/v biases, Qwen3's per-head q/k
+RMSNorm and explicit head_dim, tied or untied output), so a weight maps by its name alone:
+`hf_key_map(args)` is that map, ours → HF. Which HF class a model is follows from its fields:
+qk_norm → Qwen3, qkv_bias → Qwen2, else Llama (`hf_architecture_for`).
 
 In:  `read_hf_dims(dir)` → ModelArgs fields from config.json (elastic/config/hf_config.py);
      `check_hf_dir(dir, args)` → every expected tensor present with the right shape, read
@@ -48,6 +51,17 @@ _LAYER_MAP = {
 }
 _BIAS_MAP = {"attention.wq.bias": "self_attn.q_proj.bias", "attention.wk.bias": "self_attn.k_proj.bias",
              "attention.wv.bias": "self_attn.v_proj.bias"}
+_QK_NORM_MAP = {"attention.q_norm.weight": "self_attn.q_norm.weight", "attention.k_norm.weight": "self_attn.k_norm.weight"}
+
+
+def hf_architecture_for(args: ModelArgs) -> str:
+    """The transformers class our fields describe: Qwen3 (q/k norm), Qwen2 (q/k/v biases) or Llama."""
+    if args.qk_norm:
+        if args.qkv_bias:  # Qwen3's attention_bias would also add an o_proj bias we do not have
+            raise ConfigError("a model with both qk_norm and qkv_bias has no Hugging Face class (Qwen3 without "
+                              "q/k/v biases, Qwen2 without q/k norm)")
+        return "Qwen3ForCausalLM"
+    return "Qwen2ForCausalLM" if args.qkv_bias else "LlamaForCausalLM"
 
 
 def hf_key_map(args: ModelArgs) -> Dict[str, str]:
@@ -56,8 +70,8 @@ def hf_key_map(args: ModelArgs) -> Dict[str, str]:
     With tied embeddings `output.weight` is absent: it is `tok_embeddings.weight`, and HF
     saves only `model.embed_tokens.weight`."""
     m = {"tok_embeddings.weight": "model.embed_tokens.weight"}
+    layer = dict(_LAYER_MAP, **(_BIAS_MAP if args.qkv_bias else {}), **(_QK_NORM_MAP if args.qk_norm else {}))
     for i in range(args.n_layers):
-        layer = dict(_LAYER_MAP, **(_BIAS_MAP if args.qkv_bias else {}))
         for ours, hf in layer.items():
             m[f"layers.{i}.{ours}"] = f"model.layers.{i}.{hf}"
     m["norm.weight"] = "model.norm.weight"
@@ -155,8 +169,9 @@ def check_hf_dir(path: str, args: ModelArgs) -> Dict[str, str]:
             continue
         if hf == "lm_head.weight" and args.tie_embeddings:
             continue  # some tied checkpoints also store the (identical) output matrix
+        family = "Qwen3" if args.qk_norm else "Qwen2" if args.qkv_bias else "Llama"
         raise ConfigError(f"{fp}: unexpected tensor {hf} (not part of a {'tied' if args.tie_embeddings else 'untied'} "
-                          f"{'Qwen2' if args.qkv_bias else 'Llama'} model with these sizes)")
+                          f"{family} model with these sizes)")
     return {hf: files[hf] for hf in key_map.values()}
 
 
@@ -341,25 +356,36 @@ def _check_checkpoint(path: str, config_path: str, args: ModelArgs) -> None:
 
 def hf_config_dict(args: ModelArgs, dtype: torch.dtype, eos_id: Optional[int], pad_id: Optional[int],
                    bos_id: Optional[int] = None) -> Dict[str, Any]:
-    """config.json for our sizes: Qwen2 when the model has q/k/v biases, else Llama. Written in
-    the form transformers 4.x reads (rope_theta) and 5.x reads (rope_parameters)."""
-    qwen = args.qkv_bias
+    """config.json for our sizes: Qwen3 with q/k norm, Qwen2 with q/k/v biases, else Llama.
+    Written in the form transformers 4.x reads (rope_theta, rope_scaling) and 5.x reads
+    (rope_parameters; it also reads rope_scaling, which then says the same)."""
+    arch = hf_architecture_for(args)
+    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[arch]
+    scaling = dict(args.rope_scaling) if args.rope_scaling else None
+    rope_parameters = {"rope_type": "default", "rope_theta": args.rope_theta} if scaling is None else \
+        {**scaling, "rope_theta": args.rope_theta}
     cfg: Dict[str, Any] = {
-        "architectures": ["Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"],
-        "model_type": "qwen2" if qwen else "llama",
+        "architectures": [arch],
+        "model_type": model_type,
         "vocab_size": args.vocab_size, "hidden_size": args.dim, "intermediate_size": args.ffn_hidden,
         "num_hidden_layers": args.n_layers, "num_attention_heads": args.n_heads,
         "num_key_value_heads": args.n_kv_heads, "hidden_act": "silu",
         "max_position_embeddings": args.max_seq_len, "rms_norm_eps": args.norm_eps,
-        "rope_theta": args.rope_theta, "rope_parameters": {"rope_type": "default", "rope_theta": args.rope_theta},
+        "rope_theta": args.rope_theta, "rope_parameters": rope_parameters,
         "tie_word_embeddings": args.tie_embeddings, "attention_dropout": 0.0, "initializer_range": 0.02,
         "bos_token_id": bos_id, "eos_token_id": eos_id, "pad_token_id": pad_id,
         "torch_dtype": str(dtype).replace("torch.", ""), "use_cache": True,
     }
-    if qwen:
-        cfg.update(use_sliding_window=False, sliding_window=None, max_window_layers=args.n_layers)
-    else:
+    if scaling is not None:
+        cfg["rope_scaling"] = scaling  # 4.x: the scaling without theta (which is top-level there)
+    if arch == "LlamaForCausalLM":
         cfg.update(head_dim=args.head_dim, attention_bias=False, mlp_bias=False, pretraining_tp=1)
+    else:
+        cfg.update(use_sliding_window=False, sliding_window=None, max_window_layers=args.n_layers)
+        if arch == "Qwen3ForCausalLM":
+            cfg.update(head_dim=args.head_dim, attention_bias=False)
+        elif args.head_dim != args.dim // args.n_heads or args.dim % args.n_heads:
+            cfg["head_dim"] = args.head_dim  # Qwen2 reads it when present (hidden / heads otherwise)
     return cfg
 
 
@@ -452,6 +478,7 @@ def write_tokenizer(tokenizer_json: str, out_dir: str, model_max_length: int) ->
 def save_hf(state: Dict[str, torch.Tensor], args: ModelArgs, out_dir: str, tokenizer_json: str,
             dtype: Optional[torch.dtype] = None, max_shard_bytes: int = MAX_SHARD_BYTES) -> List[str]:
     """A complete HF directory: weights, config.json, generation_config.json, tokenizer."""
+    hf_architecture_for(args)  # a model with no HF class fails before anything is written
     os.makedirs(out_dir, exist_ok=True)
     files = save_hf_weights(state, args, out_dir, dtype, max_shard_bytes)
     ids = write_tokenizer(tokenizer_json, out_dir, args.max_seq_len)

@@ -5,8 +5,9 @@ and activation checkpointing are applied from outside (elastic/train/parallelize
 Packed samples carry per-token document ids and positions that restart per document, so
 RoPE and attention behave as if each document were run alone.
 
-The layout follows Hugging Face's Llama/Qwen2 exactly (rotate-half RoPE, optional q/k/v
-biases), so their weights map onto this model by renaming alone (elastic/model/hf.py).
+The layout follows Hugging Face's Llama/Qwen2/Qwen3 exactly (rotate-half RoPE, optional q/k/v
+biases, optional per-head q/k RMSNorm, an explicit head_dim, Llama-3.1's "llama3" RoPE
+scaling), so their weights map onto this model by renaming alone (elastic/model/hf.py).
 For generation, `forward` takes an optional KV cache (elastic/model/kv_cache.py): the same
 blocks and the same forward calls, so FSDP's per-module hooks keep working. The blocks hand
 their keys/values to any cache object's `attend`; the generation engine
@@ -15,8 +16,9 @@ their keys/values to any cache object's `attend`; the generation engine
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 import torch
 import torch.nn as nn
@@ -39,10 +41,20 @@ class ModelArgs:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     qkv_bias: bool = False  # Qwen2: biases on the q, k and v projections (not on wo)
+    # Qwen3: RMSNorm (eps = norm_eps) over each head's queries and keys, after the projections
+    # and before RoPE.
+    qk_norm: bool = False
+    # Per-head width; None means dim // n_heads (Qwen3 sets it: its heads need not split dim).
+    # Filled in at construction, so read `args.head_dim` as an int.
+    head_dim: Optional[int] = None
+    # RoPE frequency scaling as in HF's rope_parameters (rope_theta aside), None for plain RoPE:
+    # {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    #  "original_max_position_embeddings"} (Llama 3.1/3.2) or {"rope_type": "linear", "factor"}.
+    rope_scaling: Optional[Dict[str, Any]] = None
 
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
+    def __post_init__(self):
+        if self.head_dim is None:
+            self.head_dim = self.dim // self.n_heads
 
 
 class RMSNorm(nn.Module):
@@ -58,12 +70,43 @@ class RMSNorm(nn.Module):
         return out.type_as(x) * self.weight
 
 
-def rope_frequencies(head_dim: int, max_pos: int, theta: float, device=None) -> torch.Tensor:
-    """[max_pos, head_dim/2] complex: cos + i·sin of position × frequency (fp32).
+ROPE_SCALING_TYPES = ("linear", "llama3")
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[Dict[str, Any]] = None, device=None) -> torch.Tensor:
+    """[head_dim/2] fp32 inverse frequencies, computed as transformers' modeling_rope_utils does
+    (`_compute_default_rope_parameters`, `_compute_linear_scaling_rope_parameters`,
+    `_compute_llama3_parameters`: same operations in the same order, so the same bits)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    rtype = (scaling or {}).get("rope_type", "default")
+    if rtype == "default":
+        return inv
+    factor = scaling["factor"]
+    if rtype == "linear":
+        return inv / factor
+    if rtype != "llama3":
+        raise ValueError(f"rope_scaling: rope_type {rtype!r} not supported (supported: default, {', '.join(ROPE_SCALING_TYPES)})")
+    # Llama 3.1: wavelengths above old_len/low_freq_factor are stretched by `factor`, those below
+    # old_len/high_freq_factor are kept, the band between is interpolated smoothly.
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    old_len = scaling["original_max_position_embeddings"]
+    low_freq_wavelen, high_freq_wavelen = old_len / low, old_len / high
+    wavelen = 2 * math.pi / inv
+    inv_llama = torch.where(wavelen > low_freq_wavelen, inv / factor, inv)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * inv_llama / factor + smooth * inv_llama
+    is_medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium, smoothed, inv_llama)
+
+
+def rope_frequencies(head_dim: int, max_pos: int, theta: float, device=None,
+                     scaling: Optional[Dict[str, Any]] = None) -> torch.Tensor:
+    """[max_pos, head_dim/2] complex: cos + i·sin of position × frequency (fp32); `scaling` as
+    ModelArgs.rope_scaling.
 
     Complex on purpose: FSDP's mixed precision casts floating-point block inputs to bf16, but
     leaves complex ones alone, so the rotation keeps fp32 angles under bf16 compute."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim))
+    inv = rope_inv_freq(head_dim, theta, scaling, device)
     angles = torch.outer(torch.arange(max_pos, device=device, dtype=torch.float32), inv)
     return torch.complex(angles.cos(), angles.sin())
 
@@ -93,14 +136,20 @@ class Attention(nn.Module):
         self.wk = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
         self.wv = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
         self.wo = nn.Linear(a.n_heads * a.head_dim, a.dim, bias=False)
+        self.qk_norm = a.qk_norm
+        if a.qk_norm:  # Qwen3: one [head_dim] weight each, shared by all heads
+            self.q_norm = RMSNorm(a.head_dim, a.norm_eps)
+            self.k_norm = RMSNorm(a.head_dim, a.norm_eps)
 
     def forward(self, x: torch.Tensor, freqs: torch.Tensor, meta: AttentionMetadata,
                 cache: Optional[CacheAttention] = None) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rope(q, freqs), apply_rope(k, freqs)
+        if self.qk_norm:  # before RoPE, before any attention backend or cache
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q.transpose(1, 2), freqs), apply_rope(k.transpose(1, 2), freqs)
         if cache is None:
             out = attention(q, k, v, meta)
         else:  # the cache stores this step's keys/values and attends over what it holds
@@ -146,7 +195,7 @@ class Transformer(nn.Module):
         # RoPE table: a plain attribute, not a buffer, so `.to(dtype)`, `to_empty()`, FSDP and
         # state dicts never touch it (Module.to(float32) would cast complex to real); it is
         # (re)built in fp32 on the device of the tokens when first needed there.
-        self.freqs_cis = rope_frequencies(a.head_dim, a.max_seq_len, a.rope_theta, device="cpu")
+        self.freqs_cis = rope_frequencies(a.head_dim, a.max_seq_len, a.rope_theta, device="cpu", scaling=a.rope_scaling)
 
     def init_weights(self, seed: Optional[int] = None,
                      assign: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = None) -> None:
@@ -176,7 +225,8 @@ class Transformer(nn.Module):
         """Build the RoPE table on the parameters' device, e.g. after building on the meta device
         and `to_empty` (optional: `forward` also rebuilds it where the tokens are)."""
         dev = self.tok_embeddings.weight.device
-        self.freqs_cis = rope_frequencies(self.args.head_dim, self.args.max_seq_len, self.args.rope_theta, device=dev)
+        a = self.args
+        self.freqs_cis = rope_frequencies(a.head_dim, a.max_seq_len, a.rope_theta, device=dev, scaling=a.rope_scaling)
 
     def forward(self, tokens: torch.Tensor, positions: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None,
                 meta: Optional[AttentionMetadata] = None, cache: Optional[KVCache] = None,
@@ -221,7 +271,7 @@ class Transformer(nn.Module):
         n = max(t.shape[0], min_positions)
         if t.device != torch.device(device) or t.is_meta or n > t.shape[0]:
             a = self.args
-            t = self.freqs_cis = rope_frequencies(a.head_dim, n, a.rope_theta, device=device)
+            t = self.freqs_cis = rope_frequencies(a.head_dim, n, a.rope_theta, device=device, scaling=a.rope_scaling)
         return t
 
     def num_params(self, exclude_embeddings: bool = True) -> int:
