@@ -35,7 +35,15 @@ def summary(res) -> List[str]:
     if r:
         lines.append(f"[elastic] done in {res.wall_s:.0f}s: mean reward {r['first']:.3f} -> {r['last']:.3f}, pass rate "
                      f"{r['first_pass']:.0%} -> {r['last_pass']:.0%} (means of the first and last {r['window']} steps)")
+    for name, h in sorted((res.summary.get("heldout") or {}).items()):
+        k = name[len("pass_at_"):]
+        before = f"{h['initial']:.0%} (starting policy) -> " if "initial" in h else ""
+        if "last" in h:
+            lines.append(f"[elastic] held-out pass@{k}: {before}{h['last']:.0%} (step {h['step']}); "
+                         "pass@k = mean over tasks of 1 - C(n-c,k)/C(n,k), n samples, c passing")
     lines.append(f"[elastic] rollouts:    {os.path.join(res.records_dir or res.local_dir, 'rollouts.jsonl')} (every completion and its verdict)")
+    if res.summary.get("heldout"):
+        lines.append(f"[elastic] held-out:    {os.path.join(res.records_dir or res.local_dir, 'eval_verdicts.jsonl')} (every evaluated completion and its verdict)")
     return lines
 
 

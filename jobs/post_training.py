@@ -20,18 +20,21 @@ from jobs.pretrain import run_or_exit_code  # noqa: E402
 SFT_DEFAULT = os.path.join(HERE, "configs", "sft-code-opt.yaml")
 
 
-def starting_policy(label: str, overrides: List[str]) -> str:
-    """The default SFT run's final checkpoint, training it first when it is missing."""
+def starting_policy(label: str, overrides: List[str], sft_config: str = "") -> str:
+    """The SFT run's final checkpoint (`sft_config`, default jobs/configs/sft-code-opt.yaml),
+    training it first when it is missing."""
     from elastic.config import run_dir
     from elastic.launch.grpo import latest_checkpoint
     from elastic.launch.pretrain import run_pretraining
 
     # Where runs live, logging, and how the cluster is used carry over to the SFT run.
     carried = ("run.storage_path=", "wandb.", "scaling.use_gpu=", "scaling.fit=", "scaling.resource_wait_s=")
-    sft = load_config(SFT_DEFAULT, [o for o in overrides if o.startswith(carried)])
+    sft_config = sft_config or SFT_DEFAULT
+    sft = load_config(sft_config, [o for o in overrides if o.startswith(carried)])
     ckpt = latest_checkpoint(run_dir(sft))
     if ckpt is None or not ckpt.endswith(f"step_{sft.train.steps:08d}"):
-        print(f"[elastic] no finished SFT policy at {run_dir(sft)}: running jobs/sft.py's default first")
+        print(f"[elastic] no finished SFT policy at {run_dir(sft)}: running jobs/sft.py --config "
+              f"{os.path.relpath(sft_config)} first")
         res = run_pretraining(sft, kind="sft")
         if res.stopped:
             raise SystemExit(f"[elastic] SFT stopped: {res.stopped}")
@@ -54,7 +57,7 @@ def main(argv, *, job: str, label: str, default_config: str, doc: str, example: 
         cfg = load_config(path, args.overrides, job=job)
         if not cfg.model.init_from:
             # The SFT chain is a run of its own: its cluster, lease and data errors are one line too.
-            policy, code = run_or_exit_code(starting_policy, label, args.overrides)
+            policy, code = run_or_exit_code(starting_policy, label, args.overrides, cfg.model.init_sft_config)
             if policy is None:
                 return code
             cfg = load_config(path, args.overrides + [f"model.init_from={policy}"], job=job)

@@ -91,6 +91,9 @@ GRPO_3_WORKERS = ["scaling.max_workers=3", "train.global_batch_size=24", "train.
         (["rl.clip_low=0"], "rl.clip_low"),
         (["rl.clip_low=1.0"], "rl.clip_low"),
         (["rl.clip_high=0"], "rl.clip_high"),
+        (["rl.clip_ratio_c=1"], "rl.clip_ratio_c"),  # dual clip needs a bound > 1 (0 = off)
+        (["rl.clip_ratio_c=0.5"], "rl.clip_ratio_c"),
+        (["rl.clip_ratio_c=-3"], "rl.clip_ratio_c"),
         (["rl.kl_coef=-0.1"], "rl.kl_coef"),
         (["rl.kl_estimator=k4"], "rl.kl_estimator"),
         (["rl.loss_agg=mean"], "rl.loss_agg"),

@@ -260,3 +260,42 @@ def test_completion_without_code_block_gets_failure_reward():
     p = load_problems(PROBLEMS)["pair-sum"]
     r = evaluate_completion(p, "I would write a fast program, but here is only prose.")
     assert r.status == "compile_error" and r.reward == 0.0 and "no code block" in r.reason
+
+
+def test_grpo_on_a_task_file_with_a_weighted_verifier_sum_and_pass_at_k(policy, tmp_path):
+    """Bring-your-own tasks end to end: a JSONL task file with mapped fields (one bad row,
+    skipped), reward.kind "math_answer + 0.1*regex" scored on the CPU pool, held-out pass@k from
+    2 sampled completions per task, measured for the starting policy and after step 2, every
+    verdict in eval_verdicts.jsonl."""
+    from elastic.launch.pretrain import heldout_summary
+
+    def write(name, rows):
+        p = tmp_path / name
+        p.write_text("".join(json.dumps(r) + "\n" if isinstance(r, dict) else r + "\n" for r in rows))
+        return str(p)
+
+    q = "Write a C program that prints {} and answer with it. End with #### {}."
+    train = write("train.jsonl", [{"id": f"t{i}", "q": q.format(i, i), "a": f"so #### {i}"} for i in range(4)] + ["{oops"])
+    held = write("held.jsonl", [{"id": f"h{i}", "q": q.format(i + 7, i + 7), "a": str(i + 7)} for i in range(2)])
+    store = tmp_path / "runs"
+    o = grpo_override_list(store, "tasks", policy, 2, **{
+        "reward.kind": "'math_answer + 0.1*regex'", "reward.pattern": "'```'", "rl.tasks": train, "rl.heldout_tasks": held,
+        "rl.heldout": "[]", "rl.fields": "{id: id, prompt: q, answer: a}", "rl.eval_samples": 2, "rl.eval_k": "[1, 2]",
+        "rl.updates_per_rollout": 1, "rl.kl_coef": 0.0, "reward.timing": "wall"})
+    res = run_grpo(load_config(None, o, job="grpo"), progress=False)
+    assert res.checkpoint.endswith("step_00000002") and not res.stopped
+    m = read_jsonl(store / "tasks" / "metrics.jsonl")
+    assert "initial_heldout_pass_at_1" in m[0] and "initial_heldout_pass_at_2" in m[0]
+    assert [r["step"] for r in m if "heldout_pass_at_2" in r] == [2]
+    for r in m:
+        assert r["sandbox_error_rate"] == 0.0
+    rolls = list(_rollouts(store / "tasks" / "rollouts.jsonl").values())
+    assert len(rolls) == 2 * 8 and {r["problem"] for r in rolls} <= {"t0", "t1", "t2", "t3"}
+    for r in rolls:  # the weighted sum: 1.0 * math_answer (0 or 1) + 0.1 * regex (0 or 1)
+        assert any(abs(r["reward"] - v) < 1e-9 for v in (0.0, 0.1, 1.0, 1.1)), r
+    verdicts = read_jsonl(store / "tasks" / "eval_verdicts.jsonl")
+    assert sorted((v["step"], v["task"], v["sample"]) for v in verdicts) == \
+        [(s, t, j) for s in (0, 2) for t in ("h0", "h1") for j in (0, 1)]
+    h = heldout_summary(m)
+    assert set(h) == {"pass_at_1", "pass_at_2"} and h["pass_at_2"]["step"] == 2
+    assert 0.0 <= h["pass_at_1"]["initial"] <= h["pass_at_2"]["initial"] <= 1.0

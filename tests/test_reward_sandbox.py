@@ -187,7 +187,8 @@ int main(void) {
 
 
 def _isolation(wrapper: str):
-    """The detected layers with bwrap, or the `unshare` fallback (detection cache restored)."""
+    """The detected layers with bwrap, or the `unshare` fallback (detection cache restored); a
+    Sandbox takes the latter only with allow_weak_isolation (it fails closed otherwise)."""
     from elastic.reward import isolation
 
     if wrapper == "bwrap":
@@ -210,7 +211,7 @@ def test_limits_are_in_place_when_the_program_starts(tmp_path, use_launcher, wra
     from elastic.reward.programs import compile_limits, compiled, run_binary, run_limits
     from elastic.reward.sandbox import Sandbox
 
-    sb = Sandbox(isolation=_isolation(wrapper), use_launcher=use_launcher)
+    sb = Sandbox(isolation=_isolation(wrapper), use_launcher=use_launcher, allow_weak_isolation=wrapper != "bwrap")
     assert (sb.launcher is not None) is use_launcher
     cpu = sorted(os.sched_getaffinity(0))[-1]
     limits = run_limits(2.0, 128)
@@ -291,7 +292,7 @@ def test_cancelled_prepared_run_never_runs(tmp_path, wrapper):
 
     from elastic.reward.sandbox import Limits, Sandbox
 
-    sb = Sandbox(isolation=_isolation(wrapper))
+    sb = Sandbox(isolation=_isolation(wrapper), allow_weak_isolation=wrapper != "bwrap")
     cmd = ["/bin/sh", "-c", "echo ran > mark"]
     dirs = []
     for action in ("cancel", "start", "leave the with block"):
@@ -347,3 +348,85 @@ int main(void) {
     r = evaluate(problem, src, "c", settings)
     assert r.status == "ok", (r.status, r.reason, [(t.name, t.status, t.detail) for t in r.tests])
     assert len(r.tests) == len(problem.tests) and all(t.status == "ok" for t in r.tests)
+
+
+def _refusal_and_opt_in(iso, tmp_path, why: str) -> None:
+    import logging
+
+    from elastic.reward.isolation import SandboxUnavailable
+    from elastic.reward.sandbox import Limits, Sandbox
+
+    with pytest.raises(SandboxUnavailable) as e:
+        Sandbox(isolation=iso)
+    msg = str(e.value)
+    assert "\n" not in msg and why in msg, msg
+    for hint in ("apt-get install bubblewrap", "bash scripts/setup.sh", "reward.allow_weak_isolation"):
+        assert hint in msg, msg
+    logger = logging.getLogger("elastic.reward")
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda rec: seen.append(rec.getMessage())
+    logger.addHandler(handler)
+    from elastic.reward import isolation
+
+    isolation._WARNED_WEAK.discard((iso.wrapper, tuple(iso.unshare_prefix)))
+    try:
+        sb = Sandbox(isolation=iso, allow_weak_isolation=True)
+    finally:
+        logger.removeHandler(handler)
+    assert any(m.startswith("SANDBOX WARNING") for m in seen), seen
+    try:
+        o = sb.run(["/bin/sh", "-c", "echo ran"], tmp_path, Limits(wall_s=10))
+        assert o.ok and o.stdout == b"ran\n", (o.sandbox_error, o.stderr)
+    finally:
+        sb.close()
+
+
+def test_sandbox_fails_closed_without_bubblewrap(tmp_path):
+    """No bubblewrap: a Sandbox refuses with one line (how to install it, the opt-in's name);
+    with allow_weak_isolation it runs, under the unshare fallback, with a WARNING."""
+    from elastic.reward import isolation
+
+    saved = isolation._DETECTED
+    try:
+        iso = isolation.detect(force=True, allow_bwrap=False)
+    finally:
+        isolation._DETECTED = saved
+    _refusal_and_opt_in(iso, tmp_path, "bubblewrap disabled")
+
+
+def test_sandbox_fails_closed_with_bwrap_missing_from_path(tmp_path, monkeypatch):
+    """`bwrap` not on PATH (nor `unshare`): refused; opted in, it runs with no namespaces."""
+    from elastic.reward import isolation
+
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    saved = isolation._DETECTED
+    monkeypatch.setenv("PATH", str(empty))
+    try:
+        iso = isolation.detect(force=True)
+    finally:
+        isolation._DETECTED = saved
+        monkeypatch.undo()
+    assert iso.wrapper == "" and "not found on PATH" in iso.bwrap_error
+    _refusal_and_opt_in(iso, tmp_path, "`bwrap` not found on PATH")
+
+
+def test_default_sandbox_fails_closed(monkeypatch):
+    """evaluate() with no sandbox given refuses too (the process's default sandbox)."""
+    from elastic.reward import evaluator, isolation
+    from elastic.reward.isolation import SandboxUnavailable
+
+    saved = isolation._DETECTED
+    try:
+        weak = isolation.detect(force=True, allow_bwrap=False)
+    finally:
+        isolation._DETECTED = saved
+    monkeypatch.setattr(isolation, "_DETECTED", weak)
+    monkeypatch.setattr(evaluator, "_SANDBOXES", {})
+    monkeypatch.setattr("elastic.reward.sandbox.detect", lambda: weak)
+    with pytest.raises(SandboxUnavailable):
+        evaluator.default_sandbox()
+    sb = evaluator.default_sandbox(allow_weak_isolation=True)
+    assert sb.iso.wrapper == weak.wrapper
+    sb.close()

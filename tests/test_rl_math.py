@@ -405,3 +405,211 @@ def test_default_heldout_ids_are_shipped_problems():
     shipped = [p.name for p in root.iterdir() if (p / "problem.yaml").is_file()]
     s = split_problems(shipped, cfg.rl.heldout)
     assert len(s.heldout) == 5 and len(s.train) == len(shipped) - 5
+
+
+# --------------------------------------------------------------------------------------------
+# dual-clip PPO (rl.clip_ratio_c), checked by hand and against a transcription of verl
+
+C = 3.0  # verl's default clip_ratio_c
+# clip range [0.8, 1.28]; per token: max(-A r, -A clip(r)), then min(., -A c) where A < 0
+DUAL_RATIOS = [[4.0, 2.5, 0.5, 5.0],
+               [5.0, 1.1, 3.5, 0.9]]
+DUAL_ADV = [[-1.0, -1.0, -1.0, -2.0],
+            [2.0, 2.0, 0.0, -1.0]]
+DUAL_TOKEN_LOSS = [[3.0,    # A=-1, r=4: max(4, 1.28) = 4, capped at -A c = 3 (dual)
+                    2.5,    # A=-1, r=2.5: max(2.5, 1.28) = 2.5 < 3, unchanged
+                    0.8,    # A=-1, r=0.5: max(0.5, 0.8) = 0.8 (low-side clip)
+                    6.0],   # A=-2, r=5: max(10, 2.56) = 10, capped at 2 * 3 = 6 (dual)
+                   [-2.56,  # A=+2, r=5: max(-10, -2.56) = -2.56; dual clip never touches A > 0
+                    -2.2,   # A=+2, r=1.1: -2.2
+                    0.0,    # A=0: 0 whatever r is
+                    0.9]]   # A=-1, r=0.9: max(0.9, 0.9) = 0.9
+DUAL_TOKEN_LOSS_OFF = [[4.0, 2.5, 0.8, 10.0], [-2.56, -2.2, 0.0, 0.9]]
+# d loss / d logp = d/dlogp (-A r) = -A r on unclipped tokens, 0 on any clipped one
+DUAL_GRAD = [[0.0, 2.5, 0.0, 0.0], [0.0, -2.2, 0.0, 0.9]]
+
+
+def _dual_toy():
+    old = torch.tensor([[-1.0, -2.0, -0.5, -3.0], [-2.5, -1.5, -4.0, -0.7]], dtype=torch.float64)
+    logp = (old + torch.log(torch.tensor(DUAL_RATIOS, dtype=torch.float64))).requires_grad_(True)
+    return logp, old, torch.tensor(DUAL_ADV, dtype=torch.float64)
+
+
+def test_dual_clip_caps_negative_advantages_only():
+    logp, old, adv = _dual_toy()
+    obj = clipped_objective(logp, old, adv, CLIP_LOW, CLIP_HIGH, clip_ratio_c=C)
+    assert torch.allclose(obj.loss, torch.tensor(DUAL_TOKEN_LOSS, dtype=torch.float64), rtol=0, atol=1e-12)
+    assert obj.clipped_dual.tolist() == [[True, False, False, True], [False, False, False, False]]
+    assert obj.clipped_low.tolist() == [[False, False, True, False], [False, False, False, False]]
+    assert obj.clipped_high.tolist() == [[False, False, False, False], [True, False, False, False]]
+    obj.loss.sum().backward()
+    assert torch.allclose(logp.grad, torch.tensor(DUAL_GRAD, dtype=torch.float64), rtol=0, atol=1e-12)
+    # off (the default): the plain clipped loss, no dual statistics
+    off = clipped_objective(logp, old, adv, CLIP_LOW, CLIP_HIGH)
+    assert torch.allclose(off.loss, torch.tensor(DUAL_TOKEN_LOSS_OFF, dtype=torch.float64), rtol=0, atol=1e-12)
+    assert not bool(off.clipped_dual.any())
+    for bad in (1.0, 0.5, -3.0):
+        with pytest.raises(ValueError, match="clip_ratio_c"):
+            clipped_objective(logp, old, adv, CLIP_LOW, CLIP_HIGH, clip_ratio_c=bad)
+
+
+def test_dual_clip_in_the_loss_and_its_statistics():
+    logp, old, adv = _dual_toy()
+    mask = torch.ones(2, 4, dtype=torch.float64)
+    loss, stats = grpo_loss(logp, old, adv, mask, loss_agg="token_mean", counts=StepCounts(2, 8, MAX_NEW),
+                            clip_low=CLIP_LOW, clip_high=CLIP_HIGH, clip_ratio_c=C)
+    assert float(loss.detach()) == pytest.approx(sum(map(sum, DUAL_TOKEN_LOSS)) / 8, abs=1e-12)
+    s = summarize(stats)
+    assert s["clip_dual_frac"] == pytest.approx(2 / 8)
+    assert s["clip_low_frac"] == pytest.approx(1 / 8) and s["clip_high_frac"] == pytest.approx(1 / 8)
+
+
+def _verl_policy_loss_tokens(old_log_prob, log_prob, advantages, cliprange_low, cliprange_high, clip_ratio_c):
+    """verl/trainer/ppo/core_algos.py compute_policy_loss_vanilla, per token (before agg_loss),
+    transcribed line by line."""
+    negative_approx_kl = log_prob - old_log_prob
+    negative_approx_kl = torch.clamp(negative_approx_kl, min=-20.0, max=20.0)
+    ratio = torch.exp(negative_approx_kl)
+    pg_losses1 = -advantages * ratio
+    pg_losses2 = -advantages * torch.clamp(ratio, 1 - cliprange_low, 1 + cliprange_high)
+    clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
+    pg_losses3 = -advantages * clip_ratio_c
+    clip_pg_losses2 = torch.min(pg_losses3, clip_pg_losses1)
+    pg_clipfrac_lower = torch.gt(clip_pg_losses1, pg_losses3) * (advantages < 0).float()
+    pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
+    return pg_losses, pg_clipfrac_lower
+
+
+@pytest.mark.parametrize("c", [3.0, 1.5, 10.0])
+def test_dual_clip_matches_verl_values_and_gradients(c):
+    g = torch.Generator().manual_seed(7)
+    old = -3 * torch.rand(16, 32, generator=g, dtype=torch.float64)
+    delta = 1.5 * torch.randn(16, 32, generator=g, dtype=torch.float64)  # ratios from ~e^-5 to ~e^5
+    adv = torch.randn(16, generator=g, dtype=torch.float64)
+    adv[3] = 0.0
+    logp_a = (old + delta).requires_grad_(True)
+    logp_b = (old + delta).requires_grad_(True)
+    ours = clipped_objective(logp_a, old, adv, 0.2, 0.28, clip_ratio_c=c)
+    want, want_dual = _verl_policy_loss_tokens(old, logp_b, adv[:, None], 0.2, 0.28, c)
+    assert torch.allclose(ours.loss, want, rtol=1e-12, atol=1e-12)
+    assert torch.equal(ours.clipped_dual.double(), want_dual.double())
+    assert bool(ours.clipped_dual.any())  # the random data exercises the cap
+    ours.loss.sum().backward()
+    want.sum().backward()
+    assert torch.allclose(logp_a.grad, logp_b.grad, rtol=1e-12, atol=1e-12)
+    # dual clip off equals verl with an unreachable bound
+    off = clipped_objective(logp_a.detach(), old, adv, 0.2, 0.28)
+    far, _ = _verl_policy_loss_tokens(old, logp_a.detach(), adv[:, None], 0.2, 0.28, 1e30)
+    assert torch.allclose(off.loss, far, rtol=1e-12, atol=1e-12)
+
+
+def test_clip_ratio_c_config_default_off_and_verl_value_accepted():
+    assert load_config(None, [], job="grpo").rl.clip_ratio_c == 0.0
+    assert load_config(None, ["rl.clip_ratio_c=3.0"], job="grpo").rl.clip_ratio_c == 3.0
+    with pytest.raises(ConfigError, match="rl.clip_ratio_c"):
+        load_config(None, ["rl.clip_ratio_c=1.0"], job="grpo")
+
+
+# --------------------------------------------------------------------------------------------
+# k3 clamp (verl's low_var_kl: the per-token value is clamped to [-10, 10])
+
+def _verl_low_var_kl(logprob, ref_logprob):
+    """verl/trainer/ppo/core_algos.py kl_penalty(..., "low_var_kl"), transcribed."""
+    kl = ref_logprob - logprob
+    kl = torch.clamp(kl, min=-20, max=20)
+    ratio = torch.exp(kl)
+    kld = (ratio - kl - 1).contiguous()
+    return torch.clamp(kld, min=-10, max=10)
+
+
+def test_k3_is_clamped_to_ten_like_verl():
+    # ref - logp:      0    1             2.5                3 (e^3-4 = 16.09)  -12 (11 + e^-12)  25 (clamped to 20 first)
+    logr = torch.tensor([0.0, 1.0, 2.5, 3.0, -12.0, 25.0], dtype=torch.float64)
+    logp = torch.full_like(logr, -1.0).requires_grad_(True)
+    ref = logp.detach() + logr
+    k = kl_per_token(logp, ref, "k3")
+    want = [0.0, math.e - 2.0, math.exp(2.5) - 3.5, 10.0, 10.0, 10.0]
+    assert k.tolist() == pytest.approx(want, abs=1e-12)
+    assert torch.allclose(k, _verl_low_var_kl(logp.detach(), ref), rtol=0, atol=1e-12)
+    k.sum().backward()
+    # d k3 / d logp = 1 - e^(ref - logp) where unclamped, 0 where the clamp binds (as in verl)
+    assert logp.grad.tolist() == pytest.approx([0.0, 1 - math.e, 1 - math.exp(2.5), 0.0, 0.0, 0.0], abs=1e-12)
+    # k1 and k2 are not clamped (neither are they in verl)
+    assert float(kl_per_token(logp.detach(), ref, "k2")[3]) == pytest.approx(4.5)
+    g = torch.Generator().manual_seed(3)
+    a, b = 4 * torch.randn(50, generator=g, dtype=torch.float64), 4 * torch.randn(50, generator=g, dtype=torch.float64)
+    assert torch.allclose(kl_per_token(a, b, "k3"), _verl_low_var_kl(a, b), rtol=0, atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------------
+# NaN / inf on masked tokens never reaches the loss, the gradient or the statistics
+
+@pytest.mark.parametrize("loss_agg", sorted(LOSS_AGGS))
+@pytest.mark.parametrize("clip_ratio_c", [0.0, 3.0])
+def test_non_finite_values_on_masked_tokens_are_ignored(loss_agg, clip_ratio_c):
+    base, tokens, mask, old, ref, adv, theta0 = _batch()
+    counts = StepCounts(**step_counts(mask), max_new_tokens=MAX_NEW)
+    masked = mask == 0
+    assert bool(masked.any()) and bool(masked[3].all())  # padding and a filtered-out row
+    ent = torch.rand(B, T, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+
+    def run(fill):
+        """fill(x) puts its values at the masked positions of x."""
+        theta = theta0.clone().requires_grad_(True)
+        logp = torch.log_softmax(base + theta, -1).gather(-1, tokens[..., None]).squeeze(-1)
+        loss, st = grpo_loss(fill(logp), fill(old), adv, mask, loss_agg=loss_agg, counts=counts,
+                             clip_low=CLIP_LOW, clip_high=CLIP_HIGH, clip_ratio_c=clip_ratio_c,
+                             ref_logp=fill(ref), kl_coef=0.05, kl_estimator="k3", entropy=fill(ent))
+        loss.backward()
+        return loss.detach(), theta.grad, st
+
+    def garbage(values):
+        v = torch.tensor(values, dtype=torch.float64).repeat(B * T)[: B * T].view(B, T)
+        return lambda x: torch.where(masked, v, x)
+
+    finite = run(garbage([-7.0, 3.0, 0.25]))  # finite garbage: what masking must make irrelevant
+    for bad in ([float("nan")], [float("inf")], [float("-inf")], [float("nan"), float("inf"), float("-inf")]):
+        loss, grad, st = run(garbage(bad))
+        assert math.isfinite(float(loss)) and bool(torch.isfinite(grad).all())
+        assert float(loss) == float(finite[0])
+        assert torch.equal(grad, finite[1])
+        for k in STAT_KEYS:
+            assert math.isfinite(float(st[k])) and float(st[k]) == float(finite[2][k]), k
+    # advantages of a filtered row may be garbage too
+    adv_nan = adv.clone()
+    adv_nan[3] = float("nan")
+    loss, _ = grpo_loss(old.clone(), old, adv_nan, mask, loss_agg=loss_agg, counts=counts, clip_low=CLIP_LOW,
+                        clip_high=CLIP_HIGH, clip_ratio_c=clip_ratio_c)
+    assert math.isfinite(float(loss))
+    # a NaN on a kept token still propagates (the step guard skips that step)
+    bad_logp = old.clone()
+    bad_logp[0, 0] = float("nan")
+    loss, _ = grpo_loss(bad_logp, old, adv, mask, loss_agg=loss_agg, counts=counts, clip_low=CLIP_LOW,
+                        clip_high=CLIP_HIGH)
+    assert math.isnan(float(loss))
+
+
+def test_masked_nan_made_the_old_loss_nan():
+    """Why the torch.where matters: a mask multiply alone turns a masked NaN into a NaN loss."""
+    logp = torch.tensor([[-1.0, float("nan")]])
+    mask = torch.tensor([[1.0, 0.0]])
+    assert math.isnan(float((logp * mask).sum()))
+    loss, _ = grpo_loss(logp, torch.tensor([[-1.0, -1.0]]), torch.tensor([1.0]), mask, loss_agg="token_mean",
+                        counts=StepCounts(1, 1, 4), clip_low=CLIP_LOW, clip_high=CLIP_HIGH)
+    assert float(loss) == -1.0  # ratio 1, A = 1, one token: -min(1, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# a group of one sample is refused, at config time and in the advantage functions
+
+def test_group_of_one_is_an_error_not_a_silent_advantage():
+    with pytest.raises(ConfigError) as ei:
+        load_config(None, ["rl.group_size=1"], job="grpo")
+    assert str(ei.value).startswith("rl.group_size: must be >= 2") and "\n" not in str(ei.value)
+    for fn in (lambda r: group_advantages(r, "group_std"), lambda r: group_advantages(r, "none"), zero_variance_groups):
+        with pytest.raises(ValueError, match="at least 2 samples"):
+            fn(torch.tensor([[1.0], [0.0]]))
+    # the smallest group, G = 2: +-0.5 / (std + eps) with the unbiased std |r1 - r2| / sqrt(2)
+    a = group_advantages(torch.tensor([[1.0, 0.0]], dtype=torch.float64), "group_std")
+    s = 1 / math.sqrt(2)
+    assert a[0].tolist() == pytest.approx([0.5 / (s + EPS), -0.5 / (s + EPS)], abs=1e-12)

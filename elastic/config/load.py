@@ -273,6 +273,7 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(r.compile_time_limit_s > 0, "reward.compile_time_limit_s", f"must be > 0, got {r.compile_time_limit_s}")
     _check(r.instructions_time_limit_s > 0, "reward.instructions_time_limit_s", f"must be > 0, got {r.instructions_time_limit_s}")
     _validate_rl(cfg)
+    _validate_rl_tasks(cfg)
     _validate_lora(cfg)
     _validate_dpo(cfg)
     if job == "grpo":
@@ -288,7 +289,7 @@ def _validate_rl(cfg: Config) -> None:
     dup = sorted({h for h in rl.heldout if rl.heldout.count(h) > 1})
     _check(not dup, "rl.heldout", f"lists {', '.join(dup)} more than once")
     _check(rl.eval_every >= 0, "rl.eval_every", f"must be >= 0 (0 = off), got {rl.eval_every}")
-    _check(rl.eval_every == 0 or bool(rl.heldout), "rl.eval_every",
+    _check(rl.eval_every == 0 or bool(rl.heldout) or bool(rl.heldout_tasks), "rl.eval_every",
            f"held-out evaluation every {rl.eval_every} steps needs problems in rl.heldout (empty); set rl.eval_every=0 or hold some out")
     _check(rl.group_size >= 2, "rl.group_size", f"must be >= 2 (a group is its own baseline), got {rl.group_size}")
     _check(rl.prompts_per_step >= 1, "rl.prompts_per_step", f"must be >= 1, got {rl.prompts_per_step}")
@@ -299,6 +300,8 @@ def _validate_rl(cfg: Config) -> None:
     _check(rl.top_k >= 0, "rl.top_k", f"must be >= 0 (0 = off), got {rl.top_k}")
     _check(0 < rl.clip_low < 1, "rl.clip_low", f"must be in (0, 1) (the ratio is clipped below at 1 - clip_low), got {rl.clip_low}")
     _check(rl.clip_high > 0, "rl.clip_high", f"must be > 0, got {rl.clip_high}")
+    _check(rl.clip_ratio_c == 0 or rl.clip_ratio_c > 1, "rl.clip_ratio_c",
+           f"must be 0 (dual clip off) or > 1 (verl's default is 3), got {rl.clip_ratio_c}")
     _check(rl.kl_coef >= 0, "rl.kl_coef", f"must be >= 0 (0 = no KL term), got {rl.kl_coef}")
     _check(rl.kl_estimator in RL_KL_ESTIMATORS, "rl.kl_estimator", f"must be one of {'|'.join(RL_KL_ESTIMATORS)}, got {rl.kl_estimator!r}")
     _check(rl.loss_agg in RL_LOSS_AGGS, "rl.loss_agg", f"must be one of {'|'.join(RL_LOSS_AGGS)}, got {rl.loss_agg!r}")
@@ -314,6 +317,38 @@ def _validate_rl(cfg: Config) -> None:
         _check(1 <= rl.overlong_buffer <= rl.max_new_tokens, "rl.overlong_buffer",
                f"must be in [1, rl.max_new_tokens={rl.max_new_tokens}] when rl.overlong_penalty={rl.overlong_penalty} "
                f"(the penalty ramps over the last overlong_buffer tokens), got {rl.overlong_buffer}")
+
+
+RL_PROMPT_FORMATS = ("chat", "raw")
+
+
+def _validate_rl_tasks(cfg: Config) -> None:
+    """Where GRPO's tasks come from and how they are scored and evaluated. The verifier names and
+    weights in reward.kind are parsed by elastic/reward/verifiers.py in the driver's plan, still
+    before any work starts (the config layer imports nothing)."""
+    rl, rw = cfg.rl, cfg.reward
+    code_opt = "code_opt" in rw.kind
+    _check(bool(rw.kind.strip()), "reward.kind", "must name a verifier (code_opt, python_tests, math_answer, "
+                                                 "exact_match, regex, function) or a sum such as 'math_answer + 0.1*regex'")
+    if code_opt:
+        _check(not rl.tasks, "rl.tasks", f"reward.kind {rw.kind!r} scores the problems of rl.problems; rl.tasks "
+                                         "is for the other verifiers (python_tests, math_answer, ...)")
+        _check(not rl.heldout_tasks, "rl.heldout_tasks", "code_opt holds problems out by id (rl.heldout)")
+    else:
+        _check(bool(rl.tasks), "rl.tasks", f"reward.kind {rw.kind!r} needs a task file (JSONL or Parquet)")
+        _check(not (rl.eval_every and not rl.heldout and not rl.heldout_tasks), "rl.eval_every",
+               f"held-out evaluation every {rl.eval_every} steps needs rl.heldout_tasks or ids in rl.heldout; "
+               "set rl.eval_every=0 or give held-out tasks")
+    _check(rl.prompt_format in RL_PROMPT_FORMATS, "rl.prompt_format",
+           f"must be one of {'|'.join(RL_PROMPT_FORMATS)}, got {rl.prompt_format!r}")
+    _check(rl.eval_samples >= 1, "rl.eval_samples", f"must be >= 1 (1 = greedy pass@1), got {rl.eval_samples}")
+    _check(bool(rl.eval_k), "rl.eval_k", "must list at least one k (e.g. [1])")
+    for i, k in enumerate(rl.eval_k):
+        _check(1 <= k <= rl.eval_samples, f"rl.eval_k[{i}]",
+               f"must be in [1, rl.eval_samples={rl.eval_samples}] (pass@k needs k samples), got {k}")
+    _check(rw.function_timeout_s > 0, "reward.function_timeout_s", f"must be > 0, got {rw.function_timeout_s}")
+    _check(rw.python_time_limit_s > 0, "reward.python_time_limit_s", f"must be > 0, got {rw.python_time_limit_s}")
+    _check(rw.python_memory_mb >= 32, "reward.python_memory_mb", f"must be >= 32, got {rw.python_memory_mb}")
 
 
 LORA_TARGETS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")  # elastic/model/lora.py TARGETS (checked in tests)

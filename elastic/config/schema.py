@@ -84,11 +84,15 @@ class ModelSection:
     """Llama-style decoder. `preset` picks the sizes; any field set here overrides it."""
 
     preset: str = "tiny"
-    # Start from existing weights: a Hugging Face LlamaForCausalLM / Qwen2ForCausalLM directory
+    # Start from existing weights: a Hugging Face LlamaForCausalLM (Llama 2/3/3.1/3.2) /
+    # Qwen2ForCausalLM / Qwen3ForCausalLM directory
     # (config.json, *.safetensors, tokenizer.json) or one of our checkpoints (<run>/step_N).
     # The sizes, vocabulary and tokenizer then come from it: `preset` and `data.vocab_size`
     # are ignored, and a size field set here must agree with it (else a config error).
     init_from: str = ""
+    # jobs/grpo.py and jobs/dpo.py with model.init_from empty: the SFT config whose finished run
+    # is the starting policy (trained first when it is not there). Empty: jobs/configs/sft-code-opt.yaml.
+    init_sft_config: str = ""
     dim: Optional[int] = None
     n_layers: Optional[int] = None
     n_heads: Optional[int] = None
@@ -256,6 +260,34 @@ class RewardSection:
     instructions_time_limit_s: float = 120.0
     # Environment variables passed into the sandbox (nothing else is inherited).
     env_allow: List[str] = field(default_factory=list)
+    # What scores a completion (elastic/reward/verifiers.py): one verifier, or a weighted sum
+    # such as "math_answer + 0.1*regex". code_opt (C/C++ compile, test and time; tasks from
+    # rl.problems) | python_tests (HumanEval check(candidate) / MBPP test_list, sandboxed) |
+    # math_answer (final answer: \boxed{}, ####, last number) | exact_match | regex | function.
+    kind: str = "code_opt"
+    # regex: the pattern a completion must match (re.search); empty: each task's `pattern` field.
+    pattern: str = ""
+    # function: the user's reward, "module:function", called as fn(completion, task) in a child
+    # process of a reward actor (elastic/reward/user_function.py); its module must be importable
+    # there (PYTHONPATH, or the job's working_dir under `ray job submit`).
+    function: str = ""
+    # A user function that has not returned after this long is killed and scored `timeout`.
+    function_timeout_s: float = 10.0
+    # A number returned by a user function counts as passed (pass@k, pass rate) when >= this.
+    pass_threshold: float = 1.0
+    # exact_match: compare case-insensitively.
+    ignore_case: bool = False
+    # python_tests: time limit of each test (the harness's timer; the sandbox bounds the whole
+    # run at tests x this + start-up) and the program's memory.
+    python_time_limit_s: float = 3.0
+    python_memory_mb: int = 512
+    # python_tests: the interpreter run inside the sandbox (standard library only, -I -S -B);
+    # it must live under /usr, the only tree the sandbox shows.
+    python_executable: str = "python3"
+    # Untrusted programs run only under bubblewrap; without it the pool refuses to start. True
+    # runs them with weaker isolation (unshare namespaces, or none: no read-only filesystem view),
+    # logged as a WARNING: only for programs you would run unsandboxed anyway.
+    allow_weak_isolation: bool = False
 
 
 @dataclass
@@ -294,6 +326,11 @@ class RLSection:
     # DAPO's clip-higher).
     clip_low: float = 0.2
     clip_high: float = 0.28
+    # Dual-clip PPO (elastic/rl/objective.py): for negative advantages the per-token loss is also
+    # capped at -A * clip_ratio_c, so a token whose ratio grew past c since sampling cannot
+    # dominate the step. 0 = off; otherwise must be > 1 (verl always uses it, with 3.0). Matters
+    # only when updates_per_rollout or minibatches_per_update > 1 (otherwise the ratio is 1).
+    clip_ratio_c: float = 0.0
     # KL to the initial (reference) model, as a loss term; 0 = off (no reference model kept).
     kl_coef: float = 0.0
     # k1 | k2 | k3 (Schulman's estimators; k3 is GRPO's; see elastic/rl/kl.py for their gradients).
@@ -321,6 +358,24 @@ class RLSection:
     overlong_penalty: float = 0.0
     overlong_buffer: int = 64
     truncation_penalty: float = 0.0
+    # Bring-your-own tasks (elastic/reward/tasks.py): a JSONL or Parquet file, local or on any
+    # pyarrow filesystem, read for every reward.kind except code_opt (which reads rl.problems).
+    tasks: str = ""
+    # Held-out tasks in a separate file (same form); the held-out set is then this file and
+    # rl.heldout must be [] (or name ids of rl.tasks to hold out instead).
+    heldout_tasks: str = ""
+    # Our field name -> the task file's, overriding the defaults (HumanEval/MBPP/GSM8K names:
+    # id=task_id prompt=prompt answer=answer pattern=pattern code_prompt=prompt
+    # entry_point=entry_point test=test test_list=test_list test_setup=test_setup_code).
+    fields: Dict[str, str] = field(default_factory=dict)
+    # chat: the prompt is a user message rendered by the policy's chat template (the SFT
+    # format); raw: the prompt text is the model's input as is (base models, HumanEval-style
+    # code continuation).
+    prompt_format: str = "chat"
+    # Held-out evaluation: completions per held-out task. 1: greedy pass@1; n > 1: n samples at
+    # rl.temperature and the unbiased pass@k (Chen et al. 2021) for every k of eval_k <= n.
+    eval_samples: int = 1
+    eval_k: List[int] = field(default_factory=lambda: [1])
 
 
 @dataclass

@@ -9,7 +9,7 @@ any worker starts.
 from __future__ import annotations
 
 import os
-from typing import Optional, TextIO
+from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 from elastic.config import Config, ConfigError
 from elastic.config.load import resolved_tokenizer
@@ -40,17 +40,73 @@ def reward_service_name(cfg: Config) -> str:
     return f"elastic-reward-{cfg.run.name}"
 
 
+def reward_spec(cfg: Config):
+    """reward.kind and its options, parsed; ConfigError (one line) when they are wrong."""
+    from elastic.reward.verifiers import spec_from_section
+
+    try:
+        return spec_from_section(cfg.reward)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def plan_tasks(cfg: Config, spec) -> Tuple[Dict[str, Any], Any, List[str]]:
+    """(every task by id, the train/held-out split, lines for the console). code_opt: the problem
+    directory rl.problems, held out by rl.heldout ids. Other verifiers: rl.tasks (+ rl.heldout_tasks),
+    bad rows counted and reported. Also refuses untrusted programs without bubblewrap, before any work."""
+    from elastic.reward.problems import load_problems
+    from elastic.reward.tasks import TaskError, load_tasks, tasks_from_problems
+    from elastic.rl.split import ProblemSplit, split_problems
+
+    rl, rw = cfg.rl, cfg.reward
+    notes: List[str] = []
+    if "code_opt" in spec.kinds:
+        problems = load_problems(rl.problems)  # ProblemError: one line naming the file and field
+        tasks = tasks_from_problems(problems, lambda p: prompt_text(p.root))
+        split = split_problems(tasks, rl.heldout, where=rl.problems)
+    else:
+        needs, limits = spec.needs(), (rw.python_time_limit_s, rw.python_memory_mb)
+        train = load_tasks(rl.tasks, rl.fields, needs, limits)
+        notes.append(train.describe())
+        tasks = dict(train.tasks)
+        if rl.heldout_tasks:
+            held = load_tasks(rl.heldout_tasks, rl.fields, needs, limits)
+            notes.append(held.describe() + " (held out)")
+            clash = sorted(set(held.tasks) & set(tasks))
+            if clash:
+                raise TaskError(f"{rl.heldout_tasks}: task id {clash[0]!r} is also in {rl.tasks} "
+                                f"({len(clash)} shared ids); held-out ids must be distinct")
+            inner = split_problems(tasks, rl.heldout, where=rl.tasks)
+            tasks.update(held.tasks)
+            split = ProblemSplit(train=inner.train, heldout=tuple(rl.heldout) + tuple(held.tasks))
+        else:
+            split = split_problems(tasks, rl.heldout, where=rl.tasks)
+    check_isolation(cfg, spec)
+    return tasks, split, notes
+
+
+def check_isolation(cfg: Config, spec) -> None:
+    """Verifiers that run untrusted programs need bubblewrap here too (the driver usually shares
+    the reward actors' image): say so now, in one line, rather than from every actor later."""
+    from elastic.reward.pool import SANDBOXED
+
+    if not (SANDBOXED & set(spec.kinds)) or cfg.reward.allow_weak_isolation:
+        return
+    from elastic.reward.isolation import detect, unavailable_message
+
+    iso = detect()
+    if iso.wrapper != "bwrap":
+        raise ConfigError(f"reward.kind {cfg.reward.kind!r}: {unavailable_message(iso)}")
+
+
 class GRPOLaunch(JobLaunch):
     job = "grpo"
 
     def plan(self, cfg: Config, paths: RunPaths, say) -> None:
-        from elastic.reward.problems import load_problems
-        from elastic.rl.split import split_problems
-
         from elastic.model.hf import check_init_from
 
-        self.problems = load_problems(cfg.rl.problems)  # ProblemError: one line naming the file and field
-        self.split = split_problems(self.problems, cfg.rl.heldout, where=cfg.rl.problems)
+        self.spec = reward_spec(cfg)
+        self.tasks, self.split, self.task_note = plan_tasks(cfg, self.spec)
         tok_path = policy_tokenizer(cfg)
         check_init_from(cfg)  # names and shapes from headers/metadata: one line, before any worker
         self.tok = load_or_train(tok_path, "", [], cfg.data.vocab_size)
@@ -62,21 +118,21 @@ class GRPOLaunch(JobLaunch):
 
     def describe(self) -> list:
         rl = self.cfg.rl
-        return [f"[elastic] GRPO: {len(self.split.train)} training problems, {len(self.split.heldout)} held out; "
-                f"{rl.prompts_per_step} prompts x {rl.group_size} samples per step; policy from {self.cfg.model.init_from}"]
+        what = "problems" if "code_opt" in self.spec.kinds else "tasks"
+        lines = [f"[elastic] GRPO: {len(self.split.train)} training {what}, {len(self.split.heldout)} held out; "
+                 f"{rl.prompts_per_step} prompts x {rl.group_size} samples per step; reward {self.spec.text}; "
+                 f"policy from {self.cfg.model.init_from}"]
+        return lines + [f"[elastic] {n}" for n in self.task_note]
 
     def start(self, cfg: Config, paths: RunPaths) -> None:
-
-        self.service = start_service(cfg.reward, cfg.rl.problems, name=reward_service_name(cfg), problems=self.problems)
+        self.service = start_service(cfg.reward, cfg.rl.problems, name=reward_service_name(cfg), tasks=self.tasks)
 
     def trainer(self, cfg: Config, paths: RunPaths, gpu: bool):
-
-
         ids = list(self.split.train) + list(self.split.heldout)
         return build_torch_trainer(cfg, paths, gpu, grpo_loop_per_worker,
                                    {"tokenizer_json": self.tok.json, "chat_format": self.chat, "eos_id": self.tok.eos_id,
                                     "reward_service": reward_service_name(cfg),
-                                    "prompt_texts": {p: prompt_text(os.path.join(cfg.rl.problems, p)) for p in ids},
+                                    "prompt_texts": {t: self.tasks[t].prompt for t in ids},
                                     "train_ids": list(self.split.train), "heldout_ids": list(self.split.heldout)})
 
     def stop(self) -> None:

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Optional, TextIO
+from typing import Any, Dict, List, Optional, TextIO
 
 from elastic.config import Config, run_dir as run_dir_of, to_dict
 from elastic.data.cursor import Cursor
@@ -244,6 +244,9 @@ def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str], report:
             mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
             s["reward"] = {"window": w, "first": mean(rl[:w], "reward_mean"), "last": mean(rl[-w:], "reward_mean"),
                            "first_pass": mean(rl[:w], "pass_rate"), "last_pass": mean(rl[-w:], "pass_rate")}
+        held = heldout_summary(recs)
+        if held:
+            s["heldout"] = held
     found = ckpt_lib.latest_complete(paths.run_dir)
     if found and found[1].get("bad_rows", {}).get("counts"):  # counts and first examples, with file and line
         s["bad_rows_detail"] = found[1]["bad_rows"]
@@ -254,6 +257,19 @@ def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str], report:
     with open(os.path.join(paths.local_dir, "summary.json"), "w") as f:
         json.dump(s, f, indent=2)
     return s
+
+
+def heldout_summary(recs: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """GRPO's held-out pass@k: the starting policy's (``initial_heldout_pass_at_k``, measured
+    before step 1) and the last evaluation's, per k: {"pass_at_1": {"initial", "last", "step"}}."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for r in recs:
+        for key, v in r.items():
+            if key.startswith("initial_heldout_pass_at_"):
+                out.setdefault(key[len("initial_heldout_"):], {})["initial"] = v
+            elif key.startswith("heldout_pass_at_"):
+                out.setdefault(key[len("heldout_"):], {}).update(last=v, step=r["step"])
+    return out
 
 
 class JobLaunch:

@@ -229,6 +229,9 @@ def plot_grpo(run: RunData, out_dir: str, diag: Diagnosis) -> Optional[str]:
     for k, lab in (("pass_rate", "pass rate"), ("compile_error_rate", "compile error"), ("wrong_answer_rate", "wrong answer"),
                    ("timeout_rate", "timeout"), ("heldout_pass_at_1", "held-out pass@1")):
         kx, ky = _series(steps, k)
+        if k.startswith("heldout"):  # the starting policy's, measured before step 1, at step 0
+            ix, iy = _series(steps, "initial_" + k)
+            kx, ky = np.concatenate([ix * 0, kx]), np.concatenate([iy, ky])
         if len(kx):
             b.plot(kx, ky * 100, "o-" if k.startswith("heldout") else "-", ms=3, lw=1, label=lab)
     b.set(xlabel="step", ylabel="%", title="pass rate and failure kinds")

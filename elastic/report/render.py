@@ -186,7 +186,10 @@ def _grpo_section(run: RunData) -> List[str]:
             ("wrong_answer_rate", "wrong answer rate"), ("timeout_rate", "timeout rate"), ("sandbox_error_rate", "sandbox error rate"),
             ("speedup_mean", "speedup mean"), ("kl", "KL"), ("entropy", "entropy"), ("zero_var_frac", "zero-variance groups"),
             ("trunc_rate", "truncated completions"), ("resp_len_mean", "response length mean"),
-            ("heldout_pass_at_1", "held-out pass@1"), ("heldout_speedup", "held-out speedup")]
+            ("heldout_speedup", "held-out speedup")]
+    ks = sorted({int(k.rsplit("_", 1)[1]) for r in steps for k in r if k.startswith("heldout_pass_at_")})
+    keys[-1:-1] = [("syntax_error_rate", "syntax error rate"), ("runtime_error_rate", "runtime error rate")]
+    keys += [(f"heldout_pass_at_{k}", f"held-out pass@{k}") for k in ks]
     rows = []
     for k, lab in keys:
         v = [(r["step"], r[k]) for r in steps if _num(r.get(k))]
@@ -195,9 +198,20 @@ def _grpo_section(run: RunData) -> List[str]:
             rows.append((lab, _f(v[0][1]), _f(v[-1][1]), _f(sum(xs[:10]) / len(xs[:10])), _f(_mean_last(xs)), v[-1][0]))
     if not rows:
         return []
+    held = []  # the starting policy (measured before step 1) against each held-out evaluation
+    for k in ks:
+        init = next((r[f"initial_heldout_pass_at_{k}"] for r in steps if _num(r.get(f"initial_heldout_pass_at_{k}"))), None)
+        evals = [(r["step"], r[f"heldout_pass_at_{k}"]) for r in steps if _num(r.get(f"heldout_pass_at_{k}"))]
+        if evals:
+            held.append((f"pass@{k}", _f(init) if init is not None else "—", ", ".join(f"{_f(v)} (step {st})" for st, v in evals)))
+    extra = []
+    if held:
+        extra = (["### Held-out", "", "pass@k = mean over held-out tasks of 1 - C(n-c, k) / C(n, k) (n samples per "
+                  "task, c passing; Chen et al. 2021); every verdict is in eval_verdicts.jsonl.", ""]
+                 + _table(("metric", "starting policy", "evaluations"), held) + [""])
     # First-10 against last-10 means: one step's figures swing with which prompts it drew, so the
     # window means are what says whether the policy learned.
-    return ["## GRPO", ""] + _table(("metric", "first", "last", "mean of first 10", "mean of last 10", "at step"), rows) + [""]
+    return ["## GRPO", ""] + _table(("metric", "first", "last", "mean of first 10", "mean of last 10", "at step"), rows) + [""] + extra
 
 
 def _events_section(run: RunData, diag: Diagnosis) -> List[str]:

@@ -3,7 +3,8 @@
 Evaluates one program with the pool's code path (evaluate_completion: the pool's extract_code,
 then the evaluate a pool actor runs) on a fenced block built from the file, language from the
 file extension. Exit code 0 when an evaluation happened (whatever its status), 2 on bad
-arguments or a malformed problem.
+arguments or a malformed problem, 3 when the sandbox refuses to start (no working bubblewrap
+and no ``--allow-weak-isolation``; one line on stderr says how to install it).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from elastic.reward.evaluator import evaluate_completion
+from elastic.reward.isolation import SandboxUnavailable
 from elastic.reward.problems import ProblemError, load_problem
 from elastic.reward.result import Result
 from elastic.reward.settings import EvalSettings
@@ -49,6 +51,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--timing-runs", type=int, default=5)
     ap.add_argument("--cache-dir", default=None)
     ap.add_argument("--json", action="store_true", help="print the Result as JSON")
+    ap.add_argument("--allow-weak-isolation", action="store_true",
+                    help="without a working bubblewrap, run under unshare or no namespaces instead of refusing")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
@@ -63,10 +67,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     text = prog.read_text(errors="replace")
     tag = _EXT_TAG.get(prog.suffix.lower())
     completion = f"```{tag}\n{text}\n```\n" if tag else text
-    settings = EvalSettings(timing=args.timing, timing_runs=max(1, args.timing_runs))
+    settings = EvalSettings(timing=args.timing, timing_runs=max(1, args.timing_runs),
+                            allow_weak_isolation=args.allow_weak_isolation)
     if args.cache_dir:
         settings.cache_dir = args.cache_dir
-    r = evaluate_completion(problem, completion, settings)
+    try:
+        r = evaluate_completion(problem, completion, settings)
+    except SandboxUnavailable as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 3
     print(json.dumps(r.to_dict(), indent=2) if args.json else _human(r))
     return 0
 

@@ -41,10 +41,12 @@ log = logging.getLogger("elastic.reward")
 _SANDBOXES: dict = {}
 
 
-def default_sandbox(env_allow=()) -> Sandbox:
-    key = tuple(env_allow)
+def default_sandbox(env_allow=(), allow_weak_isolation: bool = False) -> Sandbox:
+    """This process's sandbox for these settings (raises SandboxUnavailable without a working
+    bubblewrap unless `allow_weak_isolation`, see Sandbox)."""
+    key = (tuple(env_allow), bool(allow_weak_isolation))
     if key not in _SANDBOXES:
-        _SANDBOXES[key] = Sandbox(env_allow=env_allow)
+        _SANDBOXES[key] = Sandbox(env_allow=env_allow, allow_weak_isolation=allow_weak_isolation)
     return _SANDBOXES[key]
 
 
@@ -61,7 +63,7 @@ def evaluate_completion(problem: Problem, completion: str, settings: Optional[Ev
     code = extract_code(completion, problem.language)
     if code is None:
         r = no_code_result(problem.id, settings)
-        r.sandbox = (sandbox or default_sandbox(settings.env_allow)).layers
+        r.sandbox = (sandbox or default_sandbox(settings.env_allow, settings.allow_weak_isolation)).layers
         return r
     lang, src = code
     return evaluate(problem, src, lang, settings, sandbox)
@@ -70,7 +72,7 @@ def evaluate_completion(problem: Problem, completion: str, settings: Optional[Ev
 def evaluate(problem: Problem, candidate_source: str, language: Optional[str] = None,
              settings: Optional[EvalSettings] = None, sandbox: Optional[Sandbox] = None) -> Result:
     settings = settings or EvalSettings()
-    sandbox = sandbox or default_sandbox(settings.env_allow)
+    sandbox = sandbox or default_sandbox(settings.env_allow, settings.allow_weak_isolation)
     t0 = time.perf_counter()
     lang = language or problem.language
     try:

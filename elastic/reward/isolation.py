@@ -4,6 +4,14 @@ Each layer is probed by actually using it (bubblewrap may be installed yet refus
 container; cgroups may be mounted read-only), and every missing layer is logged as a loud
 WARNING, never skipped silently. The report is part of every Result's provenance and of the
 benchmark output.
+
+The sandbox fails closed: without a working bubblewrap, creating a
+:class:`elastic.reward.sandbox.Sandbox` raises :class:`SandboxUnavailable` (one line saying
+how to install it) unless the user opted into weaker isolation
+(``reward.allow_weak_isolation``, ``EvalSettings.allow_weak_isolation``): then untrusted
+programs run under ``unshare`` (network and PID namespaces, no filesystem isolation) or, with
+no usable ``unshare`` either, with nothing but rlimits, cgroups and a clean environment, and
+:func:`warn_weak` logs what is missing.
 """
 
 from __future__ import annotations
@@ -19,6 +27,20 @@ from typing import Any, Dict, List, Optional
 from elastic.reward.cgroups import CgroupFactory
 
 log = logging.getLogger("elastic.reward")
+
+WEAK_OPT_IN = "reward.allow_weak_isolation: true (EvalSettings.allow_weak_isolation=True)"
+
+
+class SandboxUnavailable(RuntimeError):
+    """No working bubblewrap, and weaker isolation was not opted into: nothing untrusted runs."""
+
+
+def unavailable_message(iso: "Isolation") -> str:
+    """The one-line refusal: why, how to install bubblewrap, and the opt-in's name."""
+    why = iso.bwrap_error or "bubblewrap is not usable here"
+    return (f"refusing to run untrusted programs without bubblewrap ({why}): install it "
+            f"(`apt-get install bubblewrap`, or `bash scripts/setup.sh`), or opt into weaker isolation "
+            f"(unshare or no namespaces, no filesystem isolation) with {WEAK_OPT_IN}")
 
 # Unshare variants tried in order when bubblewrap is unusable: (argv prefix, has pid ns).
 _UNSHARE_VARIANTS = [
@@ -69,6 +91,7 @@ class Isolation:
     cgroups: Optional[CgroupFactory] = None
     cpu_pinning: bool = False
     cgroup_error: str = ""
+    bwrap_error: str = ""  # why bubblewrap is not the wrapper ("" when it is)
 
     def report(self) -> Dict[str, Any]:
         cg = self.cgroups
@@ -88,26 +111,34 @@ class Isolation:
         }
 
 
-def _probe_bwrap() -> bool:
+def _probe_bwrap() -> str:
+    """"" when bubblewrap works here, else why not."""
     if shutil.which("bwrap") is None:
-        return False
+        return "`bwrap` not found on PATH"
     with tempfile.TemporaryDirectory(prefix="elastic-probe-") as d:
         argv = ["bwrap", *BWRAP_BASE, *system_binds(), "--proc", "/proc", "--dev", "/dev",
                 "--size", str(1 << 20), "--tmpfs", "/tmp", "--bind", d, "/sandbox", "--chdir", "/sandbox",
                 "/bin/sh", "-c", "echo ok > probe"]
-        return _works(argv) and os.path.exists(os.path.join(d, "probe"))
+        if _works(argv) and os.path.exists(os.path.join(d, "probe")):
+            return ""
+        return "`bwrap` is installed but could not start a sandbox (user namespaces refused in this container?)"
 
 
 _DETECTED: Optional[Isolation] = None
 
 
 def detect(force: bool = False, allow_bwrap: bool = True) -> Isolation:
-    """Probe once per process (cached); log a WARNING per missing layer."""
+    """Probe once per process (cached); log a WARNING per missing layer.
+
+    Without a working bubblewrap (or with `allow_bwrap` False, for tests) the weaker wrapper
+    that would be used is still probed, but a Sandbox refuses to use it unless weak isolation
+    was opted into (see :class:`SandboxUnavailable`, :func:`warn_weak`)."""
     global _DETECTED
     if _DETECTED is not None and not force:
         return _DETECTED
     iso = Isolation()
-    if allow_bwrap and _probe_bwrap():
+    iso.bwrap_error = _probe_bwrap() if allow_bwrap else "bubblewrap disabled by the caller"
+    if not iso.bwrap_error:
         iso.wrapper, iso.pid_namespace = "bwrap", True
     elif shutil.which("unshare"):
         for prefix, has_pid in _UNSHARE_VARIANTS:
@@ -118,14 +149,8 @@ def detect(force: bool = False, allow_bwrap: bool = True) -> Isolation:
     iso.cgroup_error = iso.cgroups.error
     iso.cpu_pinning = hasattr(os, "sched_setaffinity")
     rep = iso.report()
-    if not iso.wrapper:
-        log.warning("SANDBOX WARNING: no bubblewrap and no usable `unshare`: untrusted programs run WITHOUT "
-                    "network, PID or mount namespaces (they can reach the network and signal other processes)")
-    elif iso.wrapper != "bwrap":
-        log.warning("SANDBOX WARNING: bubblewrap unusable, falling back to `%s`: no read-only filesystem "
-                    "view and no tmpfs quota on the scratch directory", " ".join(iso.unshare_prefix))
-    if not iso.pid_namespace:
-        log.warning("SANDBOX WARNING: no PID namespace: a program can signal processes outside its sandbox")
+    if iso.wrapper != "bwrap":
+        log.warning("SANDBOX WARNING: %s; sandboxes refuse to start unless %s", iso.bwrap_error, WEAK_OPT_IN)
     for key in ("cgroup_pids", "cgroup_memory"):
         if not rep[key]:
             log.warning("SANDBOX WARNING: %s unavailable (%s): %s", key, iso.cgroup_error or "not mounted/writable",
@@ -135,3 +160,22 @@ def detect(force: bool = False, allow_bwrap: bool = True) -> Isolation:
         log.warning("SANDBOX WARNING: no sched_setaffinity: wall timings are not pinned to one core")
     _DETECTED = iso
     return iso
+
+
+_WARNED_WEAK: set = set()
+
+
+def warn_weak(iso: Isolation) -> None:
+    """Weak isolation was opted into: say loudly (once per wrapper) what is missing."""
+    key = (iso.wrapper, tuple(iso.unshare_prefix))
+    if key in _WARNED_WEAK:
+        return
+    _WARNED_WEAK.add(key)
+    if not iso.wrapper:
+        log.warning("SANDBOX WARNING: no bubblewrap and no usable `unshare`: untrusted programs run WITHOUT "
+                    "network, PID or mount namespaces (they can reach the network and signal other processes)")
+    elif iso.wrapper != "bwrap":
+        log.warning("SANDBOX WARNING: bubblewrap unusable, falling back to `%s`: no read-only filesystem "
+                    "view and no tmpfs quota on the scratch directory", " ".join(iso.unshare_prefix))
+    if not iso.pid_namespace:
+        log.warning("SANDBOX WARNING: no PID namespace: a program can signal processes outside its sandbox")

@@ -24,8 +24,9 @@ One mechanism serves both callers: :meth:`RewardPool.submit` enqueues a completi
   work has waited ``unavailable_after_s`` with no evaluation completing (actors that cannot
   be placed, or that never finish), or after :attr:`RewardPool.failure_limit` consecutive
   failed attempts with no success in between (actors that die at once, again and again).
-* Problems are shipped by value through the object store (``ray.put`` once per problem),
-  so actors need no shared filesystem.
+* Tasks (code-optimisation problems, Python tests, math answers...: elastic/reward/tasks.py)
+  are shipped by value through the object store (``ray.put`` once per task), so actors need no
+  shared filesystem. What scores them is ``reward.kind`` (elastic/reward/verifiers.py).
 """
 
 from __future__ import annotations
@@ -44,11 +45,11 @@ from typing import Any, Deque, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import ray
 
-from elastic.reward.evaluator import default_sandbox, evaluate, no_code_result
-from elastic.reward.extract import extract_code
 from elastic.reward.problems import Problem, load_problems
 from elastic.reward.result import STATUSES, Result
 from elastic.reward.settings import EvalSettings
+from elastic.reward.tasks import Task, tasks_from_problems
+from elastic.reward.verifiers import Env, RewardSpec, empty_result, identities, score, spec_from_section
 
 log = logging.getLogger("elastic.reward")
 RESOURCE_AMOUNT = 0.01
@@ -63,18 +64,21 @@ class RewardUnavailable(RuntimeError):
 class RewardActor:
     """Evaluates one item at a time on core `index % cores` of its node."""
 
-    def __init__(self, settings: EvalSettings, index: int) -> None:
+    def __init__(self, settings: EvalSettings, index: int, spec: RewardSpec) -> None:
         logging.basicConfig(level=logging.WARNING)
         self.settings = dataclasses.replace(settings, cpu=index)
-        self.sandbox = default_sandbox(settings.env_allow)  # sweeps a killed predecessor's leftovers
+        self.spec = spec
+        self.env = Env(self.settings, spec)
+        if SANDBOXED & set(spec.kinds):
+            self.env.sandbox  # noqa: B018 - probe now (fails closed at once), sweep a killed predecessor's leftovers
 
     def layers(self) -> Dict[str, Any]:
-        return self.sandbox.layers
+        return self.env.sandbox.layers if SANDBOXED & set(self.spec.kinds) else {}
 
     def pid(self) -> int:
         return os.getpid()
 
-    def evaluate(self, problem: Problem, source: str, language: str) -> Result:
+    def evaluate(self, task: Task, completion: str) -> Result:
         # The evaluating thread and everything it starts (compiler, sandbox, program) stay on
         # this actor's core: left to the scheduler, two actors' process chains (evaluator ->
         # runner -> program, each waking the next through a pipe) were often woken onto the
@@ -82,14 +86,18 @@ class RewardActor:
         cpu = self.settings.pinned_cpu()
         if cpu is not None:
             os.sched_setaffinity(0, {cpu})
-        return evaluate(problem, source, language, self.settings, self.sandbox)
+        return score(task, completion, self.spec, self.env)
 
 
-def program_key(problem_id: str, language: str, source: str) -> str:
-    """Identity of a program for dedup: problem, language and exact extracted source."""
+SANDBOXED = {"code_opt", "python_tests"}  # verifiers that run untrusted programs
+
+
+def program_key(problem_id: str, *parts: Optional[str]) -> str:
+    """Identity of a submission for dedup: task and what its verdict depends on (the extracted
+    program, answer... of each verifier term)."""
     h = hashlib.sha256()
-    for part in (problem_id, language, source):
-        h.update(part.encode(errors="surrogatepass"))
+    for part in (problem_id, *parts):
+        h.update(b"\1" if part is None else part.encode(errors="surrogatepass"))
         h.update(b"\0")
     return h.hexdigest()
 
@@ -100,7 +108,7 @@ class _Job:
 
     key: str
     problem_id: str
-    source: str
+    completion: str
     language: str
     tokens: List[Hashable]
     attempts: int = 0
@@ -108,17 +116,22 @@ class _Job:
 
 
 class RewardPool:
-    """``RewardPool(cfg.reward, problems_dir).evaluate_batch([(problem_id, completion), ...])``.
+    """``RewardPool(cfg.reward, problems_dir).evaluate_batch([(task_id, completion), ...])``;
+    ``tasks=`` instead of a problem directory for task files (elastic/reward/tasks.py).
 
     Thread-safe: ``submit``/``poll``/``stats`` may be called from several threads (the
     service does); ``evaluate_batch`` must not run concurrently with other pollers.
     """
 
-    def __init__(self, section, problems_dir: "str | Path | None",
-                 problems: Optional[Dict[str, Problem]] = None) -> None:
+    def __init__(self, section, problems_dir: "str | Path | None" = None,
+                 problems: Optional[Dict[str, Problem]] = None, tasks: Optional[Dict[str, Task]] = None) -> None:
         self.section = section
         self.settings = EvalSettings.from_section(section)
-        self.problems = problems if problems is not None else load_problems(problems_dir)  # type: ignore[arg-type]
+        self.spec = spec_from_section(section)
+        if tasks is None:
+            self.problems = problems if problems is not None else load_problems(problems_dir)  # type: ignore[arg-type]
+            tasks = tasks_from_problems(self.problems)
+        self.tasks: Dict[str, Task] = tasks
         self._lock = threading.RLock()
         self._refs: Dict[str, Any] = {}
         self.actors: List[Any] = [None] * section.num_actors
@@ -156,7 +169,7 @@ class RewardPool:
         opts: Dict[str, Any] = {"num_cpus": 1, "runtime_env": {"env_vars": {"RAY_worker_niceness": "0"}}}
         if self.section.actor_resource:
             opts["resources"] = {self.section.actor_resource: RESOURCE_AMOUNT}
-        self.actors[slot] = RewardActor.options(**opts).remote(self.settings, slot)
+        self.actors[slot] = RewardActor.options(**opts).remote(self.settings, slot, self.spec)
         self._gen[slot] += 1
 
     def _replace(self, slot: int, gen: int, why: str) -> None:
@@ -174,10 +187,10 @@ class RewardPool:
         """Isolation layers active on the first actor's node."""
         return ray.get(self.actors[0].layers.remote())
 
-    def _problem_ref(self, pid: str) -> Any:
-        if pid not in self._refs:
-            self._refs[pid] = ray.put(self.problems[pid])
-        return self._refs[pid]
+    def _task_ref(self, tid: str) -> Any:
+        if tid not in self._refs:
+            self._refs[tid] = ray.put(self.tasks[tid])
+        return self._refs[tid]
 
     # -- the streaming mechanism -----------------------------------------------------------
     @property
@@ -191,19 +204,19 @@ class RewardPool:
         with self._lock:
             self._raise_if_broken()
             self.counts["submitted"] += 1
-            problem = self.problems.get(problem_id)
-            if problem is None:
+            task = self.tasks.get(problem_id)
+            if task is None:
                 self.counts["immediate"] += 1
                 self._deliver(token, Result(problem_id, "sandbox_error", self.settings.failure_reward,
-                                            reason=f"unknown problem id {problem_id!r}"))
+                                            reason=f"unknown task id {problem_id!r}"))
                 return
-            code = extract_code(completion, problem.language)
-            if code is None:
+            ids = identities(task, completion, self.spec)
+            if all(i is None for i in ids):  # nothing to evaluate (no code block, no answer)
                 self.counts["immediate"] += 1
-                self._deliver(token, no_code_result(problem_id, self.settings))
+                self._deliver(token, empty_result(task, self.spec, self.settings))
                 return
-            lang, src = code
-            key = program_key(problem_id, lang, src)
+            lang = task.problem.language if task.problem is not None else ""
+            key = program_key(problem_id, *ids)
             dedup = self.section.dedup_window > 0
             if dedup and key in self._recent:
                 self._recent.move_to_end(key)
@@ -218,7 +231,7 @@ class RewardPool:
                 self._progress_t = time.monotonic()  # an idle pool starts its no-progress clock now
             if not dedup:
                 key = f"{key}:{next(self._batch_ids)}"
-            job = _Job(key, problem_id, src, lang, [token])
+            job = _Job(key, problem_id, completion, lang, [token])
             self._jobs[key] = job
             self._queue.append(job)
             self._dispatch()
@@ -295,7 +308,7 @@ class RewardPool:
             other = [s for s in free if s != job.last_slot] or free  # retry elsewhere when possible
             slot = min(other, key=lambda s: self._load[s])
             self._queue.popleft()
-            ref = self.actors[slot].evaluate.remote(self._problem_ref(job.problem_id), job.source, job.language)
+            ref = self.actors[slot].evaluate.remote(self._task_ref(job.problem_id), job.completion)
             self._in_flight[ref] = (job, slot, self._gen[slot], time.monotonic())
             self._load[slot] += 1
 

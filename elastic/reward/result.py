@@ -3,14 +3,20 @@
 Statuses, in the order an evaluation can fail:
 
 * ``compile_error``: no code block, or the compiler failed / timed out / ran out of memory;
+* ``syntax_error`` (python_tests): no Python code found, or the program does not parse;
 * ``runtime_error``: non-zero exit, a signal, the output cap or the file-size cap hit;
+  python_tests: an exception while loading the program or raised by the program's code in a
+  test, or the program's process ended before the harness reported every test;
 * ``timeout``: wall clock or CPU limit exceeded (on a test or on the benchmark input);
 * ``memory_limit``: evidence of the memory limit (see evaluator.classify);
 * ``wrong_answer``: the checker rejected the output of a test or of the benchmark input;
+  python_tests: a test's assertion failed, a value the program returned was not plain
+  builtin data, or the test could not use the returned value;
 * ``sandbox_error``: the *infrastructure* failed (sandbox could not start, actor/node died,
   deadline of the pool breached, broken problem); never a verdict on the program, so
   trainers should drop, not penalise, such samples;
-* ``ok``: every test passed and the program was timed.
+* ``ok``: every test passed and the program was timed (python_tests: the harness reported
+  every test as run and passed; nothing is timed).
 """
 
 from __future__ import annotations
@@ -19,7 +25,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-STATUSES = ("ok", "compile_error", "wrong_answer", "runtime_error", "timeout", "memory_limit", "sandbox_error")
+STATUSES = ("ok", "compile_error", "syntax_error", "wrong_answer", "runtime_error", "timeout", "memory_limit",
+            "sandbox_error")
 
 
 @dataclass
@@ -61,6 +68,9 @@ class Result:
     # True when this is a copy of an identical program's evaluation (the pool's dedup window),
     # so its timing was measured once for all copies.
     dedup: bool = False
+    # A weighted sum of verifiers (reward.kind "a + 0.1*b"): each term's kind, weight, status,
+    # reward and reason (elastic/reward/verifiers.py); empty for a single verifier.
+    components: List[Dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -57,7 +57,8 @@ from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from elastic.reward import launcher
 from elastic.reward.cgroups import CgroupStats, RunCgroup, _pid_alive
-from elastic.reward.isolation import BWRAP_BASE, Isolation, detect, log, system_binds
+from elastic.reward.isolation import (BWRAP_BASE, Isolation, SandboxUnavailable, detect, log, system_binds,
+                                     unavailable_message, warn_weak)
 
 SANDBOX_DIR = "/sandbox"
 FILES_DIR = "/.files"  # read-only directories of the files a run is given (see Sandbox._wrap)
@@ -145,11 +146,22 @@ def _clean_env(home: str, tmp: str, allow: Sequence[str]) -> Dict[str, str]:
 
 
 class Sandbox:
-    """Runs commands in fresh scratch directories under the detected isolation layers."""
+    """Runs commands in fresh scratch directories under the detected isolation layers.
+
+    Fails closed: without a working bubblewrap the constructor raises
+    :class:`SandboxUnavailable` (a one-line error saying how to install it) unless
+    `allow_weak_isolation` is set (config ``reward.allow_weak_isolation``), which runs programs
+    under ``unshare`` or with no namespaces at all, with a loud WARNING."""
 
     def __init__(self, isolation: Optional[Isolation] = None, env_allow: Sequence[str] = (),
-                 scratch_root: Optional[str] = None, use_launcher: bool = True) -> None:
+                 scratch_root: Optional[str] = None, use_launcher: bool = True,
+                 allow_weak_isolation: bool = False) -> None:
         self.iso = isolation or detect()
+        if self.iso.wrapper != "bwrap":
+            if not allow_weak_isolation:
+                raise SandboxUnavailable(unavailable_message(self.iso))
+            warn_weak(self.iso)
+        self.allow_weak_isolation = allow_weak_isolation
         self.env_allow = list(env_allow)
         self.scratch_root = scratch_root
         self._system_binds = system_binds() if self.iso.wrapper == "bwrap" else []
@@ -163,6 +175,7 @@ class Sandbox:
         self._spare: Optional[_Launched] = None  # bwrap only: a launcher already attached, for the next run
         self._want_spare = self.launcher is not None and self.iso.wrapper == "bwrap"
         self._session_spare: Optional[_Launched] = None  # session.py: the next session's launcher
+        self._python_ahead = None  # python_tests.py: the next harness run, set up and waiting in bwrap
         atexit.register(self.close)
         self.sweep_stale()
         self._restock()
@@ -256,6 +269,9 @@ class Sandbox:
         session_spare, self._session_spare = self._session_spare, None
         if session_spare is not None:
             _discard(session_spare)
+        python_ahead, self._python_ahead = self._python_ahead, None
+        if python_ahead is not None:
+            python_ahead.cancel()
         self.flush(2.0)
 
     def _maybe_sweep(self) -> None:

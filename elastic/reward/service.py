@@ -48,6 +48,7 @@ import ray
 from elastic.reward.pool import RewardPool, RewardUnavailable
 from elastic.reward.problems import Problem, load_problems
 from elastic.reward.result import Result
+from elastic.reward.tasks import Task, tasks_from_problems
 
 log = logging.getLogger("elastic.reward")
 
@@ -55,7 +56,7 @@ SERVICE_THREADS = 128  # concurrent calls served; each waiting results() call ho
 LOOP_POLL_S = 0.05  # the dispatcher thread's longest wait before it looks at new submissions
 CALL_MARGIN_S = 30.0  # a call's answer may take this much longer than its own timeout
 START_TIMEOUT_S = 120.0
-Item = Tuple[str, str, str]  # (key, problem_id, completion)
+Item = Tuple[str, str, str]  # (key, task id, completion)
 
 
 class RewardServiceError(RuntimeError):
@@ -66,9 +67,9 @@ class RewardServiceError(RuntimeError):
 class RewardService:
     """The named actor behind :class:`RewardClient` (call it through the client)."""
 
-    def __init__(self, section, problems: Dict[str, Problem]) -> None:
+    def __init__(self, section, tasks: Dict[str, Task]) -> None:
         logging.basicConfig(level=logging.WARNING)
-        self.pool = RewardPool(section, None, problems=problems)
+        self.pool = RewardPool(section, None, tasks=tasks)
         self._cond = threading.Condition()
         self._results: Dict[str, Result] = {}
         self._pending: Set[str] = set()
@@ -235,16 +236,18 @@ def _first_line(e: BaseException) -> str:
     return (text.splitlines()[0] if text else type(e).__name__)[:300]
 
 
-def start_service(section, problems_dir: "str | Path", name: str, namespace: Optional[str] = None,
-                  problems: Optional[Dict[str, Problem]] = None) -> RewardClient:
+def start_service(section, problems_dir: "str | Path | None", name: str, namespace: Optional[str] = None,
+                  problems: Optional[Dict[str, Problem]] = None, tasks: Optional[Dict[str, Task]] = None) -> RewardClient:
     """Create the named service (on the driver, once per run) and wait until it answers.
 
-    Problems are loaded here, so a malformed problem raises ``ProblemError`` (one line naming
+    Tasks (or code-optimisation problems, loaded here from `problems_dir` when neither is given)
+    are checked on the driver, so a malformed problem raises ``ProblemError`` (one line naming
     the file and field) before anything starts.
     """
-    problems = problems if problems is not None else load_problems(problems_dir)
+    if tasks is None:
+        tasks = tasks_from_problems(problems if problems is not None else load_problems(problems_dir))
     try:
-        actor = RewardService.options(name=name, namespace=namespace).remote(section, problems)
+        actor = RewardService.options(name=name, namespace=namespace).remote(section, tasks)
     except ValueError as e:  # the name is taken
         raise RewardServiceError(f"cannot start reward service {name!r}: {_first_line(e)}") from None
     client = RewardClient(name, actor)

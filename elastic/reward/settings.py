@@ -26,6 +26,12 @@ class EvalSettings:
     instructions_time_limit_s: float = 120.0
     env_allow: List[str] = field(default_factory=list)
     cpu: Optional[int] = None  # core to pin runs to; None: the last allowed core
+    # Without a working bubblewrap the sandbox refuses to start (SandboxUnavailable) unless this
+    # is set: then programs run under `unshare` (no filesystem isolation) or no namespaces at all.
+    allow_weak_isolation: bool = False
+    # python_tests: the interpreter run inside the sandbox (only /usr is visible there, so it
+    # must live under /usr; resolved on the sandbox's PATH /usr/local/bin:/usr/bin:/bin).
+    python_executable: str = "python3"
 
     @classmethod
     def from_section(cls, section, cpu: Optional[int] = None) -> "EvalSettings":
@@ -35,7 +41,9 @@ class EvalSettings:
                    speedup_scale=section.speedup_scale, cache_dir=section.cache_dir or default_cache_dir(),
                    compile_time_limit_s=section.compile_time_limit_s,
                    instructions_time_limit_s=section.instructions_time_limit_s,
-                   env_allow=list(section.env_allow), cpu=cpu)
+                   env_allow=list(section.env_allow), cpu=cpu,
+                   allow_weak_isolation=getattr(section, "allow_weak_isolation", False),
+                   python_executable=getattr(section, "python_executable", "python3"))
 
     def pinned_cpu(self) -> Optional[int]:
         if not hasattr(os, "sched_getaffinity"):

@@ -2,7 +2,8 @@
 
 - :mod:`~elastic.rl.advantages`: group-relative advantages (``rl.adv_norm``), zero-variance groups, the weight
   of negative advantages (``rl.negative_weight``).
-- :mod:`~elastic.rl.objective`: the clipped surrogate per token (``rl.clip_low`` / ``rl.clip_high``).
+- :mod:`~elastic.rl.objective`: the clipped surrogate per token (``rl.clip_low`` / ``rl.clip_high``, dual clip
+  ``rl.clip_ratio_c``).
 - :mod:`~elastic.rl.kl`: per-token KL estimators k1/k2/k3 (``rl.kl_estimator``).
 - :mod:`~elastic.rl.aggregation`: per-token weights with step-wide normalisers (``rl.loss_agg``).
 - :mod:`~elastic.rl.loss`: one micro-batch's share of the step loss + summable statistics.

@@ -18,6 +18,13 @@ Variants, selected by ``rl.adv_norm`` through :data:`ADV_NORMS`:
   prompts whose rewards barely differ (very easy or very hard ones); dropping it removes that
   question-level difficulty bias.
 
+A group of one sample (G = 1) is an error, not a silent value: it has no baseline but itself, so
+its centred advantage would always be 0 (no learning signal at all). ``rl.group_size >= 2`` is
+checked when the config loads (``elastic/config/load.py``, a one-line ConfigError), and
+:func:`group_advantages` / :func:`zero_variance_groups` raise ValueError on a ``[P, 1]`` input.
+verl differs here: its ``compute_grpo_outcome_advantage`` gives a lone sample mean 0 and std 1, so
+its advantage is its raw reward (``r / (1 + eps)``), a REINFORCE term with no baseline.
+
 A group whose rewards are all equal has zero advantage under both variants, so it contributes no
 policy gradient, only compute (and KL, when on). :func:`zero_variance_groups` finds those groups so
 the caller can drop them (``rl.filter_zero_variance``) and report their fraction.
@@ -61,7 +68,8 @@ ADV_NORMS: Dict[str, Callable[..., torch.Tensor]] = {"group_std": group_std, "no
 def group_advantages(rewards: torch.Tensor, norm: str = "group_std", eps: float = EPS) -> torch.Tensor:
     """Advantages ``[P, G]`` (float32 or wider) from rewards ``[P, G]`` (row = one prompt's group).
 
-    ``norm`` is a key of :data:`ADV_NORMS`. Rewards must be finite and G >= 2.
+    ``norm`` is a key of :data:`ADV_NORMS`. Rewards must be finite and G >= 2: a group of one
+    raises ValueError (see the module doc; the config already refuses ``rl.group_size < 2``).
     """
     if norm not in ADV_NORMS:
         raise ValueError(f"adv_norm: unknown {norm!r} (known: {', '.join(ADV_NORMS)})")

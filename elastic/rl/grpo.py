@@ -47,13 +47,16 @@ from elastic.rl.aggregation import StepCounts
 from elastic.rl.logprobs import token_entropy, token_logprobs
 from elastic.rl.loss import grpo_loss
 from elastic.rl.overlong import overlong_penalty
+from elastic.rl.pass_at_k import mean_pass_at_k
 from elastic.rl.prompts import PromptStream, completion_id, flat, group_of, rank_completions
-from elastic.rl.seeds import rollout_seed
+from elastic.rl.seeds import derive_seed, rollout_seed
 from elastic.train.job import Job, Update, WorkerContext
 from elastic.train.step import LossFn, LossOutput, Micro, StepOutput, batch_attention, to_device
 
 ROLLOUTS = "rollouts.jsonl"
-STATUS_RATES = ("compile_error", "wrong_answer", "runtime_error", "timeout", "memory_limit", "sandbox_error")
+EVAL_VERDICTS = "eval_verdicts.jsonl"
+STATUS_RATES = ("compile_error", "syntax_error", "wrong_answer", "runtime_error", "timeout", "memory_limit",
+                "sandbox_error")
 
 
 @dataclass
@@ -110,7 +113,8 @@ def make_grpo_loss(rl, counts: Callable[[], StepCounts]) -> LossFn:
         with torch.no_grad():
             ent = token_entropy(logits, temp)
         total, stats = grpo_loss(logp, old, mb["adv"], mask, loss_agg=rl.loss_agg, counts=counts(),
-                                 clip_low=rl.clip_low, clip_high=rl.clip_high, ref_logp=ref, kl_coef=rl.kl_coef,
+                                 clip_low=rl.clip_low, clip_high=rl.clip_high, clip_ratio_c=rl.clip_ratio_c,
+                                 ref_logp=ref, kl_coef=rl.kl_coef,
                                  kl_estimator=rl.kl_estimator, entropy=ent)
         stats = dict(stats)
         stats["loss_sum"] = stats["loss"]  # already this micro-batch's share of the step loss
@@ -149,6 +153,8 @@ class GRPOJob(Job):
         self.chat: ChatFormat = ctx.config["chat_format"]
         self.eos_id: int = ctx.config["eos_id"]
         self._prompt_ids: Dict[str, List[int]] = {}
+        self.prompt_format: str = rl.prompt_format
+        self._initial_eval: Dict[str, Any] = {}
         self.reward = connect(ctx.config["reward_service"])
         self.run_name = cfg.run.name
         self.N = rl.prompts_per_step * rl.group_size
@@ -171,15 +177,23 @@ class GRPOJob(Job):
         return model
 
     def prompt_tokens(self, problem: str) -> List[int]:
+        """The policy's input for a task: its prompt as a user message in the SFT chat format
+        (rl.prompt_format=chat), or the prompt text as is (raw: base models, code continuation)."""
         if problem not in self._prompt_ids:
-            segs = prompt_segments([{"role": "user", "content": self.prompt_texts[problem]}], self.chat)
-            self._prompt_ids[problem] = tokenize_segments(segs, self.tok.encode_batch, self.eos_id)[0]
+            text = self.prompt_texts[problem]
+            if self.prompt_format == "raw":
+                self._prompt_ids[problem] = list(self.tok.encode(text, add_special_tokens=True).ids)
+            else:
+                segs = prompt_segments([{"role": "user", "content": text}], self.chat)
+                self._prompt_ids[problem] = tokenize_segments(segs, self.tok.encode_batch, self.eos_id)[0]
         return self._prompt_ids[problem]
 
     # ------------------------------------------------------------------ one step
     def updates(self, step: int) -> Iterator[Update]:
         rl, ctx = self.rl, self.ctx
         self._metrics, self._update_stats = {}, []
+        if step == 0 and rl.eval_every and self.heldout:  # the starting policy, for "before vs after"
+            self._initial_eval = {f"initial_{k}": v for k, v in self._heldout_eval(0).items()}
         prompts = self.stream.step(step, rl.prompts_per_step)
         ks = flat(self.mine)
         rollouts = self._generate(step, prompts, ks)
@@ -393,35 +407,68 @@ class GRPOJob(Job):
         return {"prompt_cursor": self._cursor}
 
     def evaluate(self, step: int) -> Dict[str, Any]:
-        """Greedy pass@1 and mean speedup on the held-out problems (each rank generates a share;
-        every rank enters generation, which gathers parameters collectively)."""
+        """Held-out evaluation on the steps it is due (every rl.eval_every and the last); the
+        step-1 record also carries the starting policy's (`initial_*`, measured before step 1)."""
+        rl, ctx = self.rl, self.ctx
+        out, self._initial_eval = dict(self._initial_eval), {}
+        if rl.eval_every and self.heldout and (step % rl.eval_every == 0 or step == ctx.cfg.train.steps):
+            out.update(self._heldout_eval(step))
+        return out
+
+    def _heldout_eval(self, step: int) -> Dict[str, Any]:
+        """pass@k on the held-out tasks: rl.eval_samples completions per task (1: greedy; more:
+        sampled at rl.temperature with seeds derived from the step, task and sample), scored by
+        the reward service; the unbiased pass@k (Chen et al. 2021) averaged over tasks, and the
+        mean speed-up of passing programs where there is one. Each rank generates a share; every
+        rank enters generation, which gathers parameters collectively. Every verdict goes to
+        eval_verdicts.jsonl in the run directory."""
         from elastic.train.fsdp_generate import fsdp_generate
 
         rl, ctx = self.rl, self.ctx
-        if not rl.eval_every or not self.heldout or (step % rl.eval_every and step != ctx.cfg.train.steps):
-            return {}
-        mine = self.heldout[ctx.rank::ctx.world_size]
-        outs = fsdp_generate(ctx.model, [self.prompt_tokens(p) for p in mine], rl.max_new_tokens, temperature=0.0,
-                             stop_token_ids=[self.eos_id], max_batch=rl.rollout_batch)
-        self.count_forward(sum(len(self.prompt_tokens(p)) + len(o.tokens) for p, o in zip(mine, outs)))
-        keys = [f"{self.run_name}:eval{step}:{p}" for p in mine]
-        self.reward.submit([(k, p, decode_text(self.tok, o.tokens)) for k, p, o in zip(keys, mine, outs)])
+        n = rl.eval_samples
+        items = [(t, j) for t in self.heldout for j in range(n)]
+        mine = items[ctx.rank::ctx.world_size]
+        if n == 1:
+            outs = fsdp_generate(ctx.model, [self.prompt_tokens(t) for t, _ in mine], rl.max_new_tokens,
+                                 temperature=0.0, stop_token_ids=[self.eos_id], max_batch=rl.rollout_batch)
+        else:
+            seeds = [derive_seed(ctx.cfg.run.seed, "eval", step, self.heldout.index(t), j) for t, j in mine]
+            outs = fsdp_generate(ctx.model, [self.prompt_tokens(t) for t, _ in mine], rl.max_new_tokens,
+                                 temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
+                                 stop_token_ids=[self.eos_id], seed=seeds, max_batch=rl.rollout_batch)
+        self.count_forward(sum(len(self.prompt_tokens(t)) + len(o.tokens) for (t, _), o in zip(mine, outs)))
+        keys = [f"{self.run_name}:eval{step}:{t}:{j}" for t, j in mine]
+        texts = [decode_text(self.tok, o.tokens) for o in outs]
+        self.reward.submit([(k, t, c) for k, (t, _), c in zip(keys, mine, texts)])
         got: Dict[str, Any] = {}
         while len(got) < len(keys):
             got.update(self.reward.results([k for k in keys if k not in got], timeout_s=30.0))
         self.reward.forget(keys)
-        res = [(got[k].status, got[k].speedup) for k in keys]
-        parts = ctx.comm.all_gather_object(res)
-        alls = [x for p in parts for x in p if x[0] != "sandbox_error"]
-        if not alls:
+        path = os.path.join(ctx.local_dir, EVAL_VERDICTS)
+        for k, (t, j), c in zip(keys, mine, texts):
+            r = got[k]
+            append_record(path, {"step": step, "task": t, "sample": j, "status": r.status, "reward": r.reward,
+                                 "speedup": r.speedup, "reason": (r.reason or "")[:300], "completion": c[:4000]})
+        res = [(t, got[k].status, got[k].speedup) for k, (t, _) in zip(keys, mine)]
+        alls = [x for p in ctx.comm.all_gather_object(res) for x in p]
+        per_task: Dict[str, List[str]] = {}
+        for t, st, _ in alls:
+            if st != "sandbox_error":  # infrastructure: neither a pass nor a fail
+                per_task.setdefault(t, []).append(st)
+        if not per_task:
             return {}
-        ok = [sp for st, sp in alls if st == "ok"]
-        out = {"heldout_pass_at_1": len(ok) / len(alls), "heldout_problems": len(alls)}
-        if ok:
-            out["heldout_speedup"] = float(np.mean([x for x in ok if x is not None]))
+        out: Dict[str, Any] = {"heldout_problems": len(per_task), "heldout_samples": n}
+        for kk in sorted(set(rl.eval_k)):
+            pk = mean_pass_at_k([(len(v), sum(s == "ok" for s in v)) for v in per_task.values()], kk)
+            if pk is not None:
+                out[f"heldout_pass_at_{kk}"] = pk
+        sp = [x for _, st, x in alls if st == "ok" and x is not None]
+        if sp:
+            out["heldout_speedup"] = float(np.mean(sp))
         return out
 
     def step_metrics(self) -> Dict[str, Any]:
+        rl = self.rl
         m = {k: v for k, v in self._metrics.items() if not k.startswith("_")}
         gen_s = self._metrics.get("generate_s") or 0.0
         gen_tokens = self._metrics.get("_gen_tokens", 0)
@@ -435,6 +482,8 @@ class GRPOJob(Job):
                      # KL to the reference only where there is one (kl_coef > 0): not a measured 0.
                      kl=s.get("kl_sum", 0.0) / n if self._has_reference() else None, entropy=s.get("entropy_sum", 0.0) / n,
                      clip_frac_low=s.get("clip_low_tokens", 0.0) / n, clip_frac_high=s.get("clip_high_tokens", 0.0) / n,
+                     # dual clip (rl.clip_ratio_c): tokens with A < 0 whose ratio exceeded c
+                     clip_frac_dual=s.get("clip_dual_tokens", 0.0) / n if rl.clip_ratio_c else None,
                      optimizer_updates=len(self._update_stats))
         return {k: v for k, v in m.items() if v is not None}
 

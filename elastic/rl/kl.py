@@ -6,7 +6,8 @@ With ``logr = ref_logp - logp`` evaluated at tokens sampled from the policy pi:
 - ``k1 = logp - ref_logp = -logr``: unbiased for KL(pi || ref), high variance, can be negative.
 - ``k2 = (logr)^2 / 2``: biased, low variance, never negative.
 - ``k3 = exp(logr) - logr - 1``: unbiased for KL(pi || ref), low variance, never negative
-  (GRPO's choice in DeepSeekMath, and TRL's).
+  (GRPO's choice in DeepSeekMath, and TRL's). Clamped to [-10, 10] per token like verl's
+  ``low_var_kl`` (:data:`K3_CLAMP`), which makes it slightly biased low where it binds.
 
 Used as a *loss term* (what GRPO does, rather than folding KL into the reward), what matters is
 the gradient, and the three differ (on-policy, per token, expectation over x ~ pi):
@@ -35,6 +36,16 @@ LOG_RATIO_CLAMP = 20.0
 """|ref_logp - logp| is clamped to this before exp() in k3, so a token the reference finds
 e^20 times likelier cannot overflow to inf (verl clamps the same way). exp(20) ~ 4.9e8."""
 
+K3_CLAMP = 10.0
+"""The k3 value is then clamped to [-K3_CLAMP, K3_CLAMP], as verl's ``kl_penalty`` does for
+``low_var_kl``/``k3`` (``torch.clamp(kld, min=-10, max=10)``). k3 is never negative, so only the
+upper bound acts: it binds when ``ref - logp`` > ~2.61 (exp(2.61) - 3.61 ~ 9.99; the reference finds
+the token ~14x likelier than the policy) or < ~-11 (the policy finds it ~60000x likelier than the
+reference). There the token's KL value is 10 and its KL *gradient is zero* (clamp's gradient),
+exactly as in verl: one wildly divergent token cannot dominate the loss, but it is also no longer
+pulled back by the KL term (the clipped policy term still acts on it). k1 and k2 are not clamped
+(verl does not clamp them either)."""
+
 
 def k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """``logp - ref_logp``."""
@@ -47,9 +58,10 @@ def k2(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
 
 
 def k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
-    """``exp(ref - logp) - (ref - logp) - 1``, with the log-ratio clamped to +-LOG_RATIO_CLAMP."""
+    """``exp(ref - logp) - (ref - logp) - 1``, with the log-ratio clamped to +-LOG_RATIO_CLAMP
+    and the result to +-K3_CLAMP (verl's ``low_var_kl``)."""
     logr = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return torch.exp(logr) - logr - 1.0
+    return (torch.exp(logr) - logr - 1.0).clamp(-K3_CLAMP, K3_CLAMP)
 
 
 KL_ESTIMATORS: Dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {"k1": k1, "k2": k2, "k3": k3}

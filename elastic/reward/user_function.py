@@ -1,0 +1,156 @@
+"""A user's reward function (``reward.function: "module:function"``), called in a child process
+of a reward actor: never in the trainer, never in the actor's own interpreter.
+
+Why a child: the function is the user's (trusted) code, but it runs on untrusted completions
+and may raise, hang or crash. A hang is killed at ``reward.function_timeout_s`` and scored
+``timeout``; an exception is scored ``runtime_error`` with its message kept; a crash of the
+child (segfault, ``os._exit``) is scored ``runtime_error``. None of them stops the run. The
+child is kept between calls (the module is imported once) and restarted after a kill or crash.
+
+The function is called as ``fn(completion: str, task: dict) -> result`` where ``task`` holds
+``id``, ``prompt``, ``answer`` and the task row's own ``fields``. Its result is one of:
+
+* a bool: passed or not; reward 1.0 or ``reward.failure_reward``;
+* a number: the reward; passed when it is >= ``reward.pass_threshold``;
+* a dict with ``reward`` (number) and optionally ``passed`` (bool) and ``reason`` (str).
+
+A non-finite reward or any other result type is scored ``runtime_error`` with a reason saying so.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import multiprocessing as mp
+import os
+import sys
+import traceback
+from typing import Any, Callable, Dict, Optional, Tuple
+
+Outcome = Tuple[str, float, str]  # (status, reward, reason)
+
+
+def resolve(spec: str) -> Callable:
+    """Import ``module:function``; ValueError (one line naming reward.function) when it fails."""
+    if ":" not in spec:
+        raise ValueError(f"reward.function: {spec!r} is not 'module:function'")
+    mod, _, name = spec.partition(":")
+    try:
+        m = importlib.import_module(mod)
+    except Exception as e:
+        raise ValueError(f"reward.function: cannot import {mod!r} ({type(e).__name__}: {e})") from None
+    fn = getattr(m, name, None)
+    if not callable(fn):
+        raise ValueError(f"reward.function: {mod!r} has no function {name!r}")
+    return fn
+
+
+def interpret(value: Any, failure_reward: float, pass_threshold: float) -> Outcome:
+    """The function's return value as (status, reward, reason)."""
+    reason = ""
+    passed: Optional[bool] = None
+    if isinstance(value, bool):
+        return ("ok", 1.0, "") if value else ("wrong_answer", failure_reward, "returned False")
+    if isinstance(value, dict):
+        if "reward" not in value:
+            return "runtime_error", failure_reward, "returned a dict without 'reward'"
+        reason = str(value.get("reason", ""))[:300]
+        passed = value.get("passed")
+        value = value["reward"]
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return "runtime_error", failure_reward, f"returned {type(value).__name__}, not a number, bool or dict"
+    r = float(value)
+    if not math.isfinite(r):
+        return "runtime_error", failure_reward, f"returned a non-finite reward {r}"
+    ok = bool(passed) if passed is not None else r >= pass_threshold
+    return ("ok" if ok else "wrong_answer"), r, reason
+
+
+def _child(conn, spec: str, path: list) -> None:
+    sys.path[:0] = [p for p in path if p not in sys.path]
+    try:
+        fn = resolve(spec)
+    except ValueError as e:
+        conn.send(("fatal", str(e)))
+        return
+    conn.send(("ready", ""))
+    while True:
+        try:
+            completion, task = conn.recv()
+        except EOFError:
+            return
+        try:
+            conn.send(("value", fn(completion, task)))
+        except BaseException as e:  # noqa: BLE001 - the user's exception is the verdict
+            tb = traceback.extract_tb(e.__traceback__)
+            at = f" at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
+            try:
+                conn.send(("raised", f"{type(e).__name__}: {str(e)[:300]}{at}"))
+            except Exception:  # an unpicklable exception message
+                conn.send(("raised", f"{type(e).__name__}{at}"))
+
+
+class FunctionRunner:
+    """One child process calling the user's function; ``call`` never raises for the function's
+    sake (its failures are outcomes); a broken spec raises ValueError at construction."""
+
+    def __init__(self, spec: str, timeout_s: float, failure_reward: float = 0.0, pass_threshold: float = 1.0) -> None:
+        self.spec, self.timeout_s = spec, timeout_s
+        self.failure_reward, self.pass_threshold = failure_reward, pass_threshold
+        self._proc: Optional[mp.process.BaseProcess] = None
+        self._conn = None
+        self._start()
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")  # no copy of the actor's threads or Ray state
+        parent, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_child, args=(child, self.spec, list(sys.path)), daemon=True)
+        self._proc.start()
+        child.close()
+        self._conn = parent
+        if not parent.poll(60.0):
+            self.close()
+            raise ValueError(f"reward.function: {self.spec} did not import within 60 s")
+        kind, msg = parent.recv()
+        if kind == "fatal":
+            self.close()
+            raise ValueError(msg)
+
+    def call(self, completion: str, task: Dict[str, Any]) -> Outcome:
+        if self._proc is None or not self._proc.is_alive():
+            self._start()
+        try:
+            self._conn.send((completion, task))
+        except (BrokenPipeError, OSError):
+            self.close()
+            self._start()
+            self._conn.send((completion, task))
+        try:
+            ready = self._conn.poll(self.timeout_s)
+        except (EOFError, OSError):
+            ready = True
+        if not ready:
+            self.close()
+            return "timeout", self.failure_reward, f"{self.spec} did not return within {self.timeout_s:g} s"
+        try:
+            kind, value = self._conn.recv()
+        except (EOFError, OSError):
+            code = None
+            if self._proc is not None:
+                self._proc.join(5)  # the pipe closes a moment before the exit status is known
+                code = self._proc.exitcode
+            self.close()
+            return "runtime_error", self.failure_reward, f"{self.spec} crashed (exit code {code})"
+        if kind == "raised":
+            return "runtime_error", self.failure_reward, value
+        return interpret(value, self.failure_reward, self.pass_threshold)
+
+    def close(self) -> None:
+        if self._proc is not None:
+            if self._proc.is_alive():
+                self._proc.kill()
+            self._proc.join(5)
+            self._proc = None
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
