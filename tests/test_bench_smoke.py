@@ -68,3 +68,18 @@ def test_gpu_check_smoke(tmp_path):
     assert res["memory"]["presets"]["8b"]["full_training_state_gib"] > 100
     md = (tmp_path / "gc.md").read_text()
     assert "## Jobs at 1 worker" in md and "| grpo | 0 |" in md and "Best of ours / best of the peer" in md
+
+
+def test_python_tests_throughput_smoke(tmp_path):
+    """The python_tests bench runs its two variants (sandboxed, unsandboxed: the same harness)
+    on a few HumanEval canonical solutions and writes the ratio its table quotes."""
+    out = tmp_path / "pt.json"
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "python_tests_throughput.py"), "--reps", "1",
+                        "--limit", "8", "--parallel", "0", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["items"] == 8 and "overhead (sandboxed / unsandboxed per eval)" in r.stdout
+    med = res["medians"]
+    assert med["overhead_ratio"] == med["sandboxed_s_per_eval"] / med["unsandboxed_s_per_eval"] > 0
+    assert res["layers"]["mount_namespace"] == "bwrap"
