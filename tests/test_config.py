@@ -91,6 +91,12 @@ GRPO_3_WORKERS = ["scaling.max_workers=3", "train.global_batch_size=24", "train.
         (["rl.clip_low=0"], "rl.clip_low"),
         (["rl.clip_low=1.0"], "rl.clip_low"),
         (["rl.clip_high=0"], "rl.clip_high"),
+        (["reward.kind=python_tests"], "rl.tasks"),  # bring-your-own verifiers read a task file
+        (["rl.tasks=t.jsonl"], "rl.tasks"),  # ...and code_opt reads rl.problems
+        (["reward.kind=math_answer", "rl.tasks=t.jsonl", "rl.prompt_format=plain"], "rl.prompt_format"),
+        (["rl.eval_samples=0"], "rl.eval_samples"),
+        (["rl.eval_samples=2", "rl.eval_k=[1, 4]"], "rl.eval_k[1]"),  # pass@4 needs 4 samples
+        (["reward.function_timeout_s=0"], "reward.function_timeout_s"),
         (["rl.clip_ratio_c=1"], "rl.clip_ratio_c"),  # dual clip needs a bound > 1 (0 = off)
         (["rl.clip_ratio_c=0.5"], "rl.clip_ratio_c"),
         (["rl.clip_ratio_c=-3"], "rl.clip_ratio_c"),

@@ -252,6 +252,19 @@ def test_grpo_bad_input_is_one_line_before_workers_start(policy, tmp_path):
         run_grpo(grpo_overrides(tmp_path, "bad", policy, 2, **{"rl.heldout": "[no-such-problem]"}), progress=False)
     assert str(e.value).startswith("rl.heldout: problem 'no-such-problem' is not in") and "\n" not in str(e.value)
     assert not os.path.exists(tmp_path / "bad" / "metrics.jsonl")
+    # bring-your-own tasks: a misspelt verifier, and a task file with no usable row
+    from elastic.reward.tasks import TaskError
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"task_id": "a", "prompt": "p"}\n{oops\n')
+    tasks = {"rl.tasks": str(bad), "rl.heldout": "[]", "rl.eval_every": 0}
+    with pytest.raises(ConfigError) as e:
+        run_grpo(grpo_overrides(tmp_path, "bad2", policy, 2, **tasks, **{"reward.kind": "pyhton_tests"}), progress=False)
+    assert str(e.value).startswith("reward.kind: unknown verifier 'pyhton_tests'") and "\n" not in str(e.value)
+    with pytest.raises(TaskError) as e:
+        run_grpo(grpo_overrides(tmp_path, "bad3", policy, 2, **tasks, **{"reward.kind": "math_answer"}), progress=False)
+    assert str(e.value) == f"{bad}: no usable task in 2 rows: {bad}:1: missing field 'answer'"
+    assert not os.path.exists(tmp_path / "bad2" / "metrics.jsonl") and not os.path.exists(tmp_path / "bad3" / "metrics.jsonl")
 
 
 def test_completion_without_code_block_gets_failure_reward():
