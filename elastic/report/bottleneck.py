@@ -399,11 +399,18 @@ def diagnose(metrics: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]]
     s = tf["reward_wait_share"]
     if s is not None and s >= THRESHOLDS["reward_wait"]:
         rate = f" at {tf['reward_evals_per_s_mean']:.3g} evaluations/s" if _num(tf["reward_evals_per_s_mean"]) else ""
+        kind = str(_get(config, "reward.kind") or "code_opt")
+        if "code_opt" in kind:  # timing knobs exist only where programs are timed
+            cheaper = (f"; cheaper evaluations: reward.timing{_now(config, 'reward.timing')}, "
+                       f"reward.timing_runs{_now(config, 'reward.timing_runs')}")
+        elif "python_tests" in kind:
+            cheaper = f"; a shorter per-test limit: reward.python_time_limit_s{_now(config, 'reward.python_time_limit_s')}"
+        else:
+            cheaper = f" (reward.kind {kind})"
         found.append(Finding("reward_wait", s, THRESHOLDS["reward_wait"],
                              f"the trainer waited on the reward pool {_pct(s)} of GRPO step time{rate}.",
-                             f"more reward actors: reward.num_actors{_now(config, 'reward.num_actors')}, or CPU nodes; "
-                             f"cheaper evaluations: reward.timing{_now(config, 'reward.timing')}, "
-                             f"reward.timing_runs{_now(config, 'reward.timing_runs')}"))
+                             f"more reward actors: reward.num_actors{_now(config, 'reward.num_actors')}, or CPU nodes"
+                             + cheaper))
     f = _restarts(recovery, tf["step_s_mean"], checkpoint_figures(metrics, events)["checkpoint_blocked_per_save_s"], config)
     if f:
         found.append(f)
