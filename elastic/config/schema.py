@@ -204,6 +204,13 @@ class EvalSection:
     # shards of data.source (never trained on), or the held-out problems for data.source=code-opt.
     source: str = ""
     fraction: float = 0.02
+    # Evaluation tasks run on the live model on the same steps (perplexity and multiple choice;
+    # shipped names from datasets/eval/tasks or task YAML paths, elastic/eval/spec.py), results in
+    # metrics.jsonl as eval/<task>/<metric>. Generation and code tasks: jobs/eval.py on checkpoints.
+    tasks: List[str] = field(default_factory=list)
+    # Items per task in training (the first N; 0: the task's own limit). Every evaluation step
+    # pays for them.
+    task_limit: int = 0
 
 
 @dataclass

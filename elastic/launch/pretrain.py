@@ -188,13 +188,37 @@ def start_store(cfg: Config, plan: DataPlan, paths: RunPaths, eval_plan: Optiona
     return store
 
 
+def plan_eval_tasks(cfg: Config) -> list:
+    """`eval.tasks` read and checked on the driver (one-line ConfigError naming eval.tasks: a
+    missing file, a typo, a task type the live model cannot run), shipped to workers by value."""
+    if not cfg.eval.tasks:
+        return []
+    from elastic.config import ConfigError
+    from elastic.eval.in_training import IN_TRAINING_TYPES, PlannedTask
+    from elastic.eval.spec import EvalConfigError
+    from elastic.launch.eval import load_task
+
+    out = []
+    for name in cfg.eval.tasks:
+        try:
+            td = load_task(name, cfg.eval.task_limit)
+        except EvalConfigError as e:
+            raise ConfigError(f"eval.tasks: {e}") from None
+        if td.spec.type not in IN_TRAINING_TYPES:
+            raise ConfigError(f"eval.tasks: {name} is a {td.spec.type} task; in training only "
+                              f"{' and '.join(IN_TRAINING_TYPES)} tasks run (evaluate checkpoints with jobs/eval.py)")
+        out.append(PlannedTask(td.spec, td.docs, td.pool, td.same_file))
+    return out
+
+
 def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool, eval_plan: Optional[DataPlan] = None,
-                  store=None):
+                  store=None, eval_tasks: Optional[list] = None):
     """Language-modelling jobs: workers read their samples from the shard cache through the
     store builder's handle; no Ray Data stream reaches them (each would re-tokenize everything)."""
     store = store if store is not None else start_store(cfg, plan, paths, eval_plan)
     return build_torch_trainer(cfg, paths, gpu, train_loop_per_worker,
-                               {"plan": plan, "eval_plan": eval_plan, "store": store, "cache_root": cache_root(paths)})
+                               {"plan": plan, "eval_plan": eval_plan, "store": store, "cache_root": cache_root(paths),
+                                "eval_tasks": eval_tasks or []})
 
 
 @dataclass
@@ -311,6 +335,7 @@ class LMLaunch(JobLaunch):
 
             check_init_from(cfg)  # names and shapes from headers/metadata: one line, before any worker
         self.data = plan_data(cfg, paths, self.kind)
+        self.eval_tasks = plan_eval_tasks(cfg)
 
     def describe(self) -> list:
         p, ev = self.data.train, self.data.eval
@@ -322,7 +347,7 @@ class LMLaunch(JobLaunch):
         self.store = start_store(cfg, self.data.train, paths, self.data.eval)
 
     def trainer(self, cfg: Config, paths: RunPaths, gpu: bool):
-        return build_trainer(cfg, self.data.train, paths, gpu, self.data.eval, self.store)
+        return build_trainer(cfg, self.data.train, paths, gpu, self.data.eval, self.store, self.eval_tasks)
 
 
 def run_job(cfg: Config, launch: JobLaunch, out: Optional[TextIO] = None, progress: bool = True) -> PretrainResult:

@@ -230,8 +230,10 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor, positions: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None,
                 meta: Optional[AttentionMetadata] = None, cache: Optional[KVCache] = None,
-                last_only: bool = False) -> torch.Tensor:
-        """tokens, positions, doc_ids: [B, T] → logits [B, T, vocab] ([B, 1, vocab] with `last_only`).
+                last_only: bool = False, select: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """tokens, positions, doc_ids: [B, T] → logits [B, T, vocab] ([B, 1, vocab] with `last_only`;
+        [N, vocab] with `select`, N flat indices into B*T: only the positions a caller scores go
+        through the output projection, which at a 128k vocabulary dominates memory).
 
         Training passes all three (packed documents). `model(tokens)` treats each row as one
         document starting at position 0. With a `cache`, positions come from the cache, the
@@ -256,6 +258,8 @@ class Transformer(nn.Module):
             cache.commit(T)
         if last_only:
             h = h[:, -1:]
+        elif select is not None:
+            h = h.reshape(B * T, h.shape[-1]).index_select(0, select)
         return self.output(self.norm(h))
 
     def tie_weights(self) -> None:

@@ -251,9 +251,33 @@ def plot_grpo(run: RunData, out_dir: str, diag: Diagnosis) -> Optional[str]:
     return _save(fig, out_dir, "grpo.png")
 
 
+def plot_eval(run: RunData, out_dir: str, diag: Diagnosis) -> Optional[str]:
+    """In-training task metrics (eval/<task>/<metric>) vs step: one panel per task, its
+    headline metric (bits per byte for perplexity, acc_norm for multiple choice)."""
+    from elastic.report.render import eval_series
+
+    series = eval_series(run.steps)
+    heads = {}
+    for key in series:
+        task, metric = key.rsplit("/", 1)
+        if metric in ("bits_per_byte", "acc_norm"):
+            heads[task] = metric
+    if not heads:
+        return None
+    fig = Figure(figsize=(4.2 * len(heads), 3.2))
+    axes = fig.subplots(1, len(heads), squeeze=False)[0]
+    for ax, (task, metric) in zip(axes, sorted(heads.items())):
+        pts = series[f"{task}/{metric}"]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=4)
+        ax.set(xlabel="step", ylabel=metric, title=f"{task} (eval.tasks)")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return _save(fig, out_dir, "eval")
+
+
 PLOTS: List[Tuple[str, Callable[[RunData, str, Diagnosis], Optional[str]]]] = [
     ("loss", plot_loss), ("throughput", plot_throughput), ("step_time", plot_step_time), ("memory", plot_memory),
-    ("timeline", plot_timeline), ("grpo", plot_grpo),
+    ("timeline", plot_timeline), ("grpo", plot_grpo), ("eval", plot_eval),
 ]
 
 

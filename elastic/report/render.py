@@ -174,10 +174,45 @@ def render_markdown(run: RunData, diag: Diagnosis, plots: Dict[str, str], out_di
                       r.get("steps_redone"), _dur(r.get("recovery_s"))) for i, r in enumerate(restarts, 1)])
         L += [""]
     L += _grpo_section(run)
+    L += _eval_section(run)
     L += _events_section(run, diag)
     if run.notes:
         L += ["## Notes", ""] + [f"- {n}" for n in run.notes] + [""]
     return "\n".join(L).rstrip() + "\n"
+
+
+EVAL_FORMULAS = {
+    "bits_per_byte": "-Σ loglik / Σ bytes / ln 2", "byte_perplexity": "exp(-Σ loglik / Σ bytes)",
+    "word_perplexity": "exp(-Σ loglik / Σ words)", "token_perplexity": "exp(-Σ loglik / Σ tokens)",
+    "acc": "mean[argmax loglik == gold]", "acc_norm": "mean[argmax loglik/chars == gold]",
+}
+
+
+def eval_series(steps: List[Dict[str, Any]]) -> Dict[str, List[tuple]]:
+    """{"task/metric": [(step, value), ...]} from the `eval/<task>/<metric>` keys of metrics.jsonl."""
+    out: Dict[str, List[tuple]] = {}
+    for r in steps:
+        for k, v in r.items():
+            if k.startswith("eval/") and _num(v) and not k.endswith("/n") and not k.endswith("/tokens"):
+                out.setdefault(k[5:], []).append((r["step"], v))
+    return out
+
+
+def _eval_section(run: RunData) -> List[str]:
+    """In-training task evaluation (eval.tasks): first and last value of every metric."""
+    series = eval_series(run.steps)
+    if not series:
+        return []
+    rows = []
+    for key in sorted(series):
+        pts = series[key]
+        metric = key.rsplit("/", 1)[1]
+        rows.append((key, f"{_f(pts[0][1])} at step {pts[0][0]}", f"{_f(pts[-1][1])} at step {pts[-1][0]}",
+                     EVAL_FORMULAS.get(metric, "")))
+    return (["## Evaluation (eval.tasks, on the live model)", ""]
+            + _table(("task / metric", "first", "last", "formula"), rows)
+            + ["", "Items per task and the conventions (lm-evaluation-harness's) are in elastic/eval/; "
+                   "checkpoints are evaluated on any task with `python jobs/eval.py --model <run>`.", ""])
 
 
 def _grpo_section(run: RunData) -> List[str]:

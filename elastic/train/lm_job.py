@@ -63,8 +63,11 @@ class LMJob(Job):
         held-out stream), split over ranks; the sum over all of them does not depend on the
         split. Every rank runs the same number of forward passes (FSDP gathers per forward)."""
         ev, plan = self.ctx.cfg.eval, self.ctx.config.get("eval_plan")
-        if plan is None or ev.every_steps <= 0 or (step % ev.every_steps and step != self.ctx.cfg.train.steps):
+        if ev.every_steps <= 0 or (step % ev.every_steps and step != self.ctx.cfg.train.steps):
             return {}
+        out = self._eval_tasks()
+        if plan is None:
+            return out
         rows = self._eval_rows(plan, ev.samples)
         world, rank, device = self.ctx.world_size, self.ctx.rank, self.ctx.device
         per_rank = -(-len(rows["tokens"]) // world)
@@ -80,7 +83,19 @@ class LMJob(Job):
         self.count_forward(label_count(mine))  # tokens with a target (the dummy rows have none)
         total, count = self.ctx.comm.sum([loss_sum, label_count(mine)])
         val = total / max(count, 1)
-        return {"val_loss": val, "val_ppl": math.exp(min(val, 50.0)), "val_tokens": int(count)}
+        return {"val_loss": val, "val_ppl": math.exp(min(val, 50.0)), "val_tokens": int(count), **out}
+
+    def _eval_tasks(self) -> Dict[str, Any]:
+        """eval.tasks on the live model (elastic/eval/in_training.py); {} when none."""
+        tasks = self.ctx.config.get("eval_tasks") or []
+        if not tasks:
+            return {}
+        if getattr(self, "_task_hook", None) is None:
+            from elastic.eval.evaluate import TokenizerView
+            from elastic.eval.in_training import TaskHook
+
+            self._task_hook = TaskHook(tasks, TokenizerView.from_info(self.plan.tokenizer), self.plan.seq_len)
+        return self._task_hook.run(self.ctx.model, self.ctx.rank, self.ctx.world_size, self.ctx.comm, self.ctx.device)
 
     def _eval_rows(self, plan: DataPlan, n: int) -> Dict[str, np.ndarray]:
         if self._eval_cache is None:

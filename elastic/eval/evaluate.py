@@ -1,0 +1,196 @@
+"""Evaluate items of a task with a model in this process: the per-worker half of evaluation.
+
+`ItemEvaluator.run(spec, items)` returns one plain record per item (what `eval.json` keeps and
+`metrics.aggregate` reduces); the same code serves `jobs/eval.py` (one model per Ray worker,
+items sharded) and the in-training hook (the live FSDP model, every rank in step).
+
+Record fields by task type:
+  perplexity       ll, tokens, words, bytes (lm-eval's wikitext counts)
+  multiple_choice  lls [per choice], greedy [per choice], gold, chars [per choice]
+  generation       generated (cut at the stop strings), answer (after extraction), target, exact_match
+  code             completions [samples] (scored afterwards by the sandboxed python_tests verifier)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+
+from elastic.eval import loglik
+from elastic.eval.requests import (LLRequest, build_context, choice_request, cut_at_stops, encode_pair,
+                                   extract_regex, normalize_for_match, rolling_windows, shots_for)
+from elastic.eval.spec import Doc, TaskSpec
+
+
+@dataclass
+class TokenizerView:
+    """What evaluation needs of a tokenizer: encode without special tokens, decode, and the ids
+    lm-eval uses (prefix: BOS if the tokenizer has one, else EOS; EOS always stops generation)."""
+
+    encode: Callable[[str], List[int]]
+    decode: Callable[[List[int]], str]
+    eos_id: int
+    prefix_id: int
+    add_bos: bool = False  # prepend prefix_id to every context (models trained with a BOS)
+
+    @classmethod
+    def from_file(cls, tokenizer_json: str, add_bos: bool = False) -> "TokenizerView":
+        from tokenizers import Tokenizer
+
+        from elastic.data.tokenizer import read_tokenizer_config
+
+        tok = Tokenizer.from_file(tokenizer_json)
+        cfg = read_tokenizer_config(tokenizer_json)
+        eos = _token_id(tok, cfg.get("eos_token"))
+        bos = _token_id(tok, cfg.get("bos_token"))
+        if eos is None:
+            raise ValueError(f"{tokenizer_json}: no eos_token (tokenizer_config.json) the model can stop on")
+        return cls.of(tok, eos, bos, add_bos)
+
+    @classmethod
+    def from_info(cls, info) -> "TokenizerView":
+        """From a data plan's TokenizerInfo (the JSON text itself; training workers)."""
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_str(info.json)
+        bos = tok.token_to_id(info.bos_token) if info.bos_token else None
+        return cls.of(tok, info.eos_id, bos)
+
+    @classmethod
+    def of(cls, tok, eos: int, bos: Optional[int], add_bos: bool = False) -> "TokenizerView":
+        return cls(encode=lambda s: tok.encode(s, add_special_tokens=False).ids,
+                   decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+                   eos_id=eos, prefix_id=bos if bos is not None else eos, add_bos=add_bos)
+
+
+def _token_id(tok, value) -> Optional[int]:
+    if isinstance(value, dict):
+        value = value.get("content")
+    if not value:
+        return None
+    return tok.token_to_id(value)
+
+
+@dataclass
+class ItemEvaluator:
+    model: nn.Module
+    tok: TokenizerView
+    max_len: int                 # the model's context window (lm-eval's max_length)
+    token_budget: int = 8192     # tokens per scoring forward
+    gen_batch: int = 64          # prompts decoded together
+    generate_fn: Optional[Callable] = None  # (prompts, max_new, temperature, top_p, seeds, stop_seqs) -> [Completion]
+
+    def contexts(self, spec: TaskSpec, items: Sequence[Tuple[int, Doc]], pool: Sequence[Doc], same_file: bool) -> List[str]:
+        return [build_context(spec, d, shots_for(spec, i, d, pool, same_file)) for i, d in items]
+
+    # --- log-likelihood tasks ---
+
+    def requests(self, spec: TaskSpec, items: Sequence[Tuple[int, Doc]], pool: Sequence[Doc], same_file: bool) -> List[LLRequest]:
+        """Every scoring request of these items, flat, in item order (rolling perplexity gives
+        several windows per item)."""
+        if spec.type == "perplexity":
+            out = []
+            for _, d in items:
+                toks = self.tok.encode(d.text)
+                out.extend(LLRequest(list(a), [list(b)]) for a, b in rolling_windows(toks, self.tok.prefix_id, self.max_len))
+            return out
+        ctxs = self.contexts(spec, items, pool, same_file)
+        reqs = [choice_request(self.tok.encode, c, d.choices, spec.target_delimiter, self.tok.prefix_id) for c, (_, d) in zip(ctxs, items)]
+        if self.tok.add_bos:
+            for r in reqs:
+                r.context = [self.tok.prefix_id] + r.context
+        return reqs
+
+    def score_items(self, spec: TaskSpec, items: Sequence[Tuple[int, Doc]], pool: Sequence[Doc], same_file: bool) -> List[Dict[str, Any]]:
+        reqs = self.requests(spec, items, pool, same_file)
+        got = loglik.score(self.model, reqs, self.max_len, self.token_budget)
+        if spec.type == "perplexity":
+            return self._ppl_records(items, got)
+        out = []
+        for (i, d), res in zip(items, got):
+            lls = [ll for ll, _ in res]
+            out.append({"id": d.id, "index": i, "lls": lls, "greedy": [g for _, g in res], "gold": d.gold,
+                        "chars": [len(c) for c in d.choices]})
+        return out
+
+    def _ppl_records(self, items, got) -> List[Dict[str, Any]]:
+        out, w = [], 0
+        for i, d in items:
+            n_win = len(list(rolling_windows(self.tok.encode(d.text), self.tok.prefix_id, self.max_len)))
+            res = got[w:w + n_win]
+            w += n_win
+            out.append({"id": d.id, "index": i, "ll": sum(r[0][0] for r in res),
+                        "tokens": len(self.tok.encode(d.text)), "words": len(re.split(r"\s+", d.text)),
+                        "bytes": len(d.text.encode("utf-8"))})
+        return out
+
+    # --- generation tasks ---
+
+    def generate_items(self, spec: TaskSpec, items: Sequence[Tuple[int, Doc]], pool: Sequence[Doc], same_file: bool,
+                       seed: int = 0) -> List[Dict[str, Any]]:
+        ctxs = self.contexts(spec, items, pool, same_file)
+        # lm-eval: the context keeps its last (max_length - max_gen_toks) tokens
+        keep = max(1, self.max_len - spec.max_gen_toks)
+        prompts = []
+        for c in ctxs:
+            ids = self.tok.encode(c)
+            ids = ([self.tok.prefix_id] + ids) if self.tok.add_bos or not ids else ids
+            prompts.append(ids[-keep:])
+        n = spec.samples
+        flat = [p for p in prompts for _ in range(n)]
+        seeds = [seed * 1_000_003 + i * 1009 + s for i, _ in items for s in range(n)]  # per item, not per shard
+        stop_seqs = [ids for ids in (self.tok.encode(s) for s in spec.until) if ids]
+        comps = self._generate(flat, spec.max_gen_toks, spec.temperature if n > 1 else 0.0, spec.top_p, seeds, stop_seqs)
+        texts = [cut_at_stops(self.tok.decode(c.tokens), spec.until) for c in comps]
+        out = []
+        for j, (i, d) in enumerate(items):
+            mine = texts[j * n:(j + 1) * n]
+            if spec.type == "code":
+                out.append({"id": d.id, "index": i, "completions": mine})
+            else:
+                out.append(self._answer_record(spec, i, d, mine[0]))
+        return out
+
+    def _generate(self, prompts, max_new, temperature, top_p, seeds, stop_seqs):
+        if self.generate_fn is not None:
+            return self.generate_fn(prompts, max_new, temperature, top_p, seeds, stop_seqs)
+        from elastic.model.generate import generate
+
+        return generate(self.model, prompts, max_new, temperature=temperature, top_p=top_p, seed=seeds,
+                        stop_token_ids=[self.tok.eos_id], stop_sequences=stop_seqs, max_batch=self.gen_batch)
+
+    @staticmethod
+    def _answer_record(spec: TaskSpec, i: int, d: Doc, text: str) -> Dict[str, Any]:
+        return {"id": d.id, "index": i, "generated": text, **judge_answer(spec, text, d.target)}
+
+    def run(self, spec: TaskSpec, items: Sequence[Tuple[int, Doc]], pool: Sequence[Doc], same_file: bool,
+            seed: int = 0) -> List[Dict[str, Any]]:
+        if spec.type in ("perplexity", "multiple_choice"):
+            return self.score_items(spec, items, pool, same_file)
+        return self.generate_items(spec, items, pool, same_file, seed)
+
+
+def judge_answer(spec: TaskSpec, text: str, target: str) -> Dict[str, Any]:
+    """Extraction and exact match of one generation: `regex` (lm-eval's RegexFilter, then its
+    exact_match with regexes_to_ignore / ignore_case) or `math_answer` (the verifier's answer
+    extraction and equivalence), or the whole text."""
+    if spec.extract == "math_answer":
+        from elastic.reward.math_answer import score_math
+
+        ok, reason = score_math(text, target)
+        from elastic.reward.math_answer import extract_answer
+
+        return {"answer": extract_answer(text) or "", "target": target, "exact_match": float(ok), "reason": reason}
+    ans = extract_regex(text, spec.pattern, spec.group_select) if spec.extract == "regex" else text
+    a = normalize_for_match(ans, spec.ignore_case, spec.regexes_to_ignore)
+    b = normalize_for_match(target, spec.ignore_case, spec.regexes_to_ignore)
+    return {"answer": ans, "target": target, "exact_match": float(a == b)}
+
+
+@torch.no_grad()
+def model_max_len(model: nn.Module) -> int:
+    return int(model.args.max_seq_len)
