@@ -449,3 +449,25 @@ def write_outputs(out_dir, models, tasks, metrics, done) -> List[str]:
         plt.close(fig)
         plots.append(p)
     return plots
+
+
+def contamination_report(run_dir: str, res: EvalResult, n: int = 13) -> List[str]:
+    """Token 13-gram overlap of every evaluated task's items with `run_dir`'s training shards
+    (elastic/eval/contamination.py), as console lines; also written to `<out>/contamination.json`."""
+    from elastic.eval.contamination import contamination
+
+    if not os.path.isfile(os.path.join(run_dir, "tokenizer.json")):
+        raise EvalConfigError(f"--contamination {run_dir}: not a run directory (no tokenizer.json)")
+    info: Dict[str, Any] = {}
+    got = contamination({t: td.docs for t, td in res.tasks.items()}, {t: td.spec for t, td in res.tasks.items()},
+                        run_dir, n=n, scan_info=info)
+    with open(os.path.join(res.out_dir, "contamination.json"), "w") as f:
+        json.dump({"run": os.path.abspath(run_dir), "n": n, "unit": "tokens of the run's tokenizer", "scan": info,
+                   "tasks": got}, f, indent=1)
+    lines = [f"[eval] contamination: items with any {n}-token n-gram in {run_dir}'s training data "
+             f"({info.get('tokens_scanned', 0):,} tokens scanned in {info.get('seconds', '?')} s)"]
+    for t, r in got.items():
+        lines.append(f"[eval]   {t}: {r['contaminated']}/{r['items_with_ngrams']} items "
+                     f"({r['contaminated_fraction']:.1%}), mean overlap {r['mean_overlap']:.4f}"
+                     + (f"; e.g. {', '.join(r['contaminated_ids'][:3])}" if r["contaminated_ids"] else ""))
+    return lines
