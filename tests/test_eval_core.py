@@ -13,7 +13,7 @@ from elastic.eval import loglik
 from elastic.eval.evaluate import judge_answer
 from elastic.eval.metrics import aggregate, from_sums, partial_sums
 from elastic.eval.requests import (LLRequest, build_context, cut_at_stops, encode_pair, extract_regex,
-                                   normalize_for_match, rolling_windows, shots_for, truncate_left)
+                                   normalize_for_match, rolling_windows, draw_shots, truncate_left)
 from elastic.eval.spec import Doc, EvalConfigError, TaskSpec, spec_from_dict
 from elastic.model.llama import ModelArgs, Transformer
 
@@ -60,16 +60,23 @@ def test_truncate_left_keeps_the_last_max_len_plus_one():
         truncate_left([1], list(range(10)), max_len=8)
 
 
-def test_fewshot_context_and_sampler():
+def test_fewshot_draws_follow_lm_eval():
+    """One Random(seed) per task, used up in item order; n + 1 drawn from the item's own file
+    and the item dropped (lm-eval 0.4 api/samplers.py)."""
+    import random as _random
+
     spec = TaskSpec(task="t", type="multiple_choice", data="x", num_fewshot=2, description="D\n\n")
     pool = [Doc(id=str(i), context=f"Q{i}", choices=["a", "b"], gold=i % 2) for i in range(6)]
-    shots = shots_for(spec, 3, pool[3], pool, same_file=True)
-    assert len(shots) == 2 and pool[3] not in shots
-    assert shots == shots_for(spec, 3, pool[3], pool, same_file=True)  # seeded per item
-    ctx = build_context(spec, pool[3], shots)
-    assert ctx == "D\n\n" + "".join(f"{s.context} {s.choices[s.gold]}\n\n" for s in shots) + "Q3"
+    shots = draw_shots(spec, pool, pool, same_file=True)
+    rnd = _random.Random(1234)
+    for d, got in zip(pool, shots):
+        want = [x for x in rnd.sample(pool, 3) if x.id != d.id][:2]
+        assert got == want and d not in got
+    ctx = build_context(spec, pool[3], shots[3])
+    assert ctx == "D\n\n" + "".join(f"{s.context} {s.choices[s.gold]}\n\n" for s in shots[3]) + "Q3"
     first = TaskSpec(task="t", type="multiple_choice", data="x", num_fewshot=2, fewshot_sampler="first_n")
-    assert shots_for(first, 0, pool[0], pool, same_file=True) == pool[1:3]
+    dev = [Doc(id=f"d{i}", context=f"E{i}", choices=["a"], gold=0) for i in range(4)]
+    assert draw_shots(first, pool[:2], dev, same_file=False) == [dev[:2], dev[:2]]
 
 
 def test_generation_text_rules():

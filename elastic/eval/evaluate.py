@@ -21,9 +21,12 @@ import torch
 import torch.nn as nn
 
 from elastic.eval import loglik
-from elastic.eval.requests import (LLRequest, build_context, choice_request, cut_at_stops, encode_pair,
-                                   extract_regex, normalize_for_match, rolling_windows, shots_for)
+from elastic.eval.requests import (LLRequest, choice_request, cut_at_stops, extract_regex, normalize_for_match,
+                                   rolling_windows)
 from elastic.eval.spec import Doc, TaskSpec
+
+
+Item = Tuple[int, Doc, str]  # (index in the task, the item, its full context with few-shot examples)
 
 
 @dataclass
@@ -84,34 +87,30 @@ class ItemEvaluator:
     gen_batch: int = 64          # prompts decoded together
     generate_fn: Optional[Callable] = None  # (prompts, max_new, temperature, top_p, seeds, stop_seqs) -> [Completion]
 
-    def contexts(self, spec: TaskSpec, items: Sequence[Tuple[int, Doc]], pool: Sequence[Doc], same_file: bool) -> List[str]:
-        return [build_context(spec, d, shots_for(spec, i, d, pool, same_file)) for i, d in items]
-
     # --- log-likelihood tasks ---
 
-    def requests(self, spec: TaskSpec, items: Sequence[Tuple[int, Doc]], pool: Sequence[Doc], same_file: bool) -> List[LLRequest]:
+    def requests(self, spec: TaskSpec, items: Sequence[Item]) -> List[LLRequest]:
         """Every scoring request of these items, flat, in item order (rolling perplexity gives
         several windows per item)."""
         if spec.type == "perplexity":
             out = []
-            for _, d in items:
+            for _, d, _ in items:
                 toks = self.tok.encode(d.text)
                 out.extend(LLRequest(list(a), [list(b)]) for a, b in rolling_windows(toks, self.tok.prefix_id, self.max_len))
             return out
-        ctxs = self.contexts(spec, items, pool, same_file)
-        reqs = [choice_request(self.tok.encode, c, d.choices, spec.target_delimiter, self.tok.prefix_id) for c, (_, d) in zip(ctxs, items)]
+        reqs = [choice_request(self.tok.encode, c, d.choices, spec.target_delimiter, self.tok.prefix_id) for _, d, c in items]
         if self.tok.add_bos:
             for r in reqs:
                 r.context = [self.tok.prefix_id] + r.context
         return reqs
 
-    def score_items(self, spec: TaskSpec, items: Sequence[Tuple[int, Doc]], pool: Sequence[Doc], same_file: bool) -> List[Dict[str, Any]]:
-        reqs = self.requests(spec, items, pool, same_file)
+    def score_items(self, spec: TaskSpec, items: Sequence[Item]) -> List[Dict[str, Any]]:
+        reqs = self.requests(spec, items)
         got = loglik.score(self.model, reqs, self.max_len, self.token_budget)
         if spec.type == "perplexity":
             return self._ppl_records(items, got)
         out = []
-        for (i, d), res in zip(items, got):
+        for (i, d, _), res in zip(items, got):
             lls = [ll for ll, _ in res]
             out.append({"id": d.id, "index": i, "lls": lls, "greedy": [g for _, g in res], "gold": d.gold,
                         "chars": [len(c) for c in d.choices]})
@@ -119,7 +118,7 @@ class ItemEvaluator:
 
     def _ppl_records(self, items, got) -> List[Dict[str, Any]]:
         out, w = [], 0
-        for i, d in items:
+        for i, d, _ in items:
             n_win = len(list(rolling_windows(self.tok.encode(d.text), self.tok.prefix_id, self.max_len)))
             res = got[w:w + n_win]
             w += n_win
@@ -130,9 +129,8 @@ class ItemEvaluator:
 
     # --- generation tasks ---
 
-    def generate_items(self, spec: TaskSpec, items: Sequence[Tuple[int, Doc]], pool: Sequence[Doc], same_file: bool,
-                       seed: int = 0) -> List[Dict[str, Any]]:
-        ctxs = self.contexts(spec, items, pool, same_file)
+    def generate_items(self, spec: TaskSpec, items: Sequence[Item], seed: int = 0) -> List[Dict[str, Any]]:
+        ctxs = [c for _, _, c in items]
         # lm-eval: the context keeps its last (max_length - max_gen_toks) tokens
         keep = max(1, self.max_len - spec.max_gen_toks)
         prompts = []
@@ -142,12 +140,12 @@ class ItemEvaluator:
             prompts.append(ids[-keep:])
         n = spec.samples
         flat = [p for p in prompts for _ in range(n)]
-        seeds = [seed * 1_000_003 + i * 1009 + s for i, _ in items for s in range(n)]  # per item, not per shard
+        seeds = [seed * 1_000_003 + i * 1009 + s for i, _, _ in items for s in range(n)]  # per item, not per shard
         stop_seqs = [ids for ids in (self.tok.encode(s) for s in spec.until) if ids]
         comps = self._generate(flat, spec.max_gen_toks, spec.temperature if n > 1 else 0.0, spec.top_p, seeds, stop_seqs)
         texts = [cut_at_stops(self.tok.decode(c.tokens), spec.until) for c in comps]
         out = []
-        for j, (i, d) in enumerate(items):
+        for j, (i, d, _) in enumerate(items):
             mine = texts[j * n:(j + 1) * n]
             if spec.type == "code":
                 out.append({"id": d.id, "index": i, "completions": mine})
@@ -167,11 +165,11 @@ class ItemEvaluator:
     def _answer_record(spec: TaskSpec, i: int, d: Doc, text: str) -> Dict[str, Any]:
         return {"id": d.id, "index": i, "generated": text, **judge_answer(spec, text, d.target)}
 
-    def run(self, spec: TaskSpec, items: Sequence[Tuple[int, Doc]], pool: Sequence[Doc], same_file: bool,
-            seed: int = 0) -> List[Dict[str, Any]]:
+    def run(self, spec: TaskSpec, items: Sequence[Item], seed: int = 0) -> List[Dict[str, Any]]:
+        """items: (index in the task, Doc, full context from `fewshot_contexts`; "" for perplexity)."""
         if spec.type in ("perplexity", "multiple_choice"):
-            return self.score_items(spec, items, pool, same_file)
-        return self.generate_items(spec, items, pool, same_file, seed)
+            return self.score_items(spec, items)
+        return self.generate_items(spec, items, seed)
 
 
 def judge_answer(spec: TaskSpec, text: str, target: str) -> Dict[str, Any]:

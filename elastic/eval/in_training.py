@@ -32,8 +32,7 @@ class PlannedTask:
 
     spec: TaskSpec
     docs: List[Doc]
-    pool: List[Doc]
-    same_file: bool
+    contexts: List[str]  # each item's full context (few-shot examples drawn on the driver)
 
 
 def metric_key(task: str, metric: str) -> str:
@@ -52,11 +51,11 @@ class TaskHook:
         out: Dict[str, Any] = {}
         try:
             for t in self.tasks:
-                mine = [(i, d) for i, d in enumerate(t.docs) if i % world == rank]
-                reqs = ev.requests(t.spec, mine, t.pool, t.same_file)
+                mine = [(i, d, c) for i, (d, c) in enumerate(zip(t.docs, t.contexts)) if i % world == rank]
+                reqs = ev.requests(t.spec, mine)
                 n_fwd = loglik.forward_count(reqs, self.max_len, self.token_budget)
                 most = int(comm.max([float(n_fwd)])[0])
-                recs = ev.score_items(t.spec, mine, t.pool, t.same_file) if mine else []
+                recs = ev.score_items(t.spec, mine) if mine else []
                 for _ in range(most - n_fwd):  # keep FSDP's per-forward all-gathers in step
                     model(torch.zeros(1, 1, dtype=torch.long, device=device))
                 sums = comm.sum(partial_sums(t.spec, recs) if recs else [0.0] * (3 if t.spec.type == "multiple_choice" else 5))

@@ -36,18 +36,29 @@ class LLRequest:
     continuations: List[List[int]]
 
 
-def shots_for(spec: TaskSpec, index: int, doc: Doc, pool: Sequence[Doc], same_file: bool) -> List[Doc]:
-    """The few-shot examples for item `index`: `first_n` takes the pool's first rows; `random`
-    draws with random.Random(f"{seed}/{index}") so an item's context is the same however the
-    items are sharded or resumed. From the item's own file, the item itself is never a shot."""
+def draw_shots(spec: TaskSpec, docs: Sequence[Doc], pool: Sequence[Doc], same_file: bool) -> List[List[Doc]]:
+    """Every item's few-shot examples, drawn as lm-eval 0.4 draws them (api/samplers.py): one
+    random.Random(fewshot_seed) per task, used up in item order; from the item's own file,
+    num_fewshot + 1 are drawn and the item itself dropped. `first_n` takes the pool's first
+    rows (MMLU's dev split). Done once, on the driver, for all items in order, so an item's
+    context does not depend on how items are sharded or which were already done."""
     n = spec.num_fewshot
     if n == 0:
-        return []
-    cands = [d for d in pool if not (same_file and d.id == doc.id)]
-    if spec.fewshot_sampler == "first_n":
-        return list(cands[:n])
-    rnd = random.Random(f"{spec.fewshot_seed}/{index}")
-    return rnd.sample(cands, min(n, len(cands)))
+        return [[] for _ in docs]
+    rnd = random.Random(spec.fewshot_seed)
+    out = []
+    for d in docs:
+        if spec.fewshot_sampler == "first_n":
+            cands = list(pool[:n + 1]) if same_file else list(pool[:n])
+        else:
+            cands = rnd.sample(list(pool), min(len(pool), n + 1 if same_file else n))
+        out.append([x for x in cands if not (same_file and x.id == d.id)][:n])
+    return out
+
+
+def fewshot_contexts(spec: TaskSpec, docs: Sequence[Doc], pool: Sequence[Doc], same_file: bool) -> List[str]:
+    """The full context of every item (description, shots, the item's own context)."""
+    return [build_context(spec, d, shots) for d, shots in zip(docs, draw_shots(spec, docs, pool, same_file))]
 
 
 def build_context(spec: TaskSpec, doc: Doc, shots: Sequence[Doc]) -> str:

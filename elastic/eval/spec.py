@@ -10,7 +10,7 @@ A task YAML (lm-evaluation-harness's vocabulary where it has one):
     fewshot_data: ""               # few-shot pool; empty: the data file itself (the item excluded)
     num_fewshot: 0
     fewshot_seed: 1234
-    fewshot_sampler: random        # random (seeded per item) | first_n (the pool's first rows)
+    fewshot_sampler: random        # random (lm-eval: one Random(seed) per task, in item order) | first_n
     description: ""                # text before the few-shot examples (MMLU's subject line)
     target_delimiter: " "          # between a context and its continuation
     fewshot_delimiter: "\\n\\n"    # between few-shot examples
@@ -91,9 +91,9 @@ class TaskSpec:
     fewshot_data: str = ""
     num_fewshot: int = 0
     fewshot_seed: int = 1234
-    # random: per item, a seeded draw (seed, item index) from the pool, the item itself excluded,
-    # so the context does not depend on sharding or resumption; first_n: the pool's first
-    # num_fewshot rows in order (lm-eval's MMLU).
+    # random: lm-eval's draws (one random.Random(fewshot_seed) per task, used up in item order,
+    # the item itself excluded), made on the driver so sharding and resumption do not change
+    # them; first_n: the pool's first num_fewshot rows in order (lm-eval's MMLU).
     fewshot_sampler: str = "random"
     description: str = ""
     target_delimiter: str = " "
@@ -110,7 +110,7 @@ class TaskSpec:
     k: List[int] = field(default_factory=lambda: [1])
     temperature: float = 0.0
     top_p: float = 1.0
-    fields: Dict[str, str] = field(default_factory=dict)  # format: jsonl, our name -> the file's
+    fields: Dict[str, Any] = field(default_factory=dict)  # format: jsonl, our name -> the file's
     source: str = ""  # the YAML file this came from ("" for a built-in)
 
     def check(self) -> "TaskSpec":
@@ -136,7 +136,7 @@ class TaskSpec:
 
 
 def _resolve(path: str, base: str) -> str:
-    if not path or "://" in path or os.path.isabs(path):
+    if not path or "://" in path or path.startswith("pkg:") or os.path.isabs(path):
         return path
     return os.path.normpath(os.path.join(base, path))
 

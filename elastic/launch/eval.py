@@ -62,8 +62,7 @@ class ModelRef:
 class TaskData:
     spec: TaskSpec
     docs: List[Doc]
-    pool: List[Doc]
-    same_file: bool
+    contexts: List[str]  # every item's full context, few-shot examples drawn in item order (lm-eval's way)
     bad_rows: int = 0
     bad_examples: List[str] = field(default_factory=list)
 
@@ -114,7 +113,10 @@ def load_task(name: str, limit: int = 0) -> TaskData:
             pool, _ = read_docs(spec.data, spec)  # the whole file, not only the limited items
         if len(pool) - (1 if same else 0) < spec.num_fewshot:
             raise EvalConfigError(f"{spec.source or spec.task}: num_fewshot {spec.num_fewshot} but the few-shot pool has {len(pool)} items")
-    return TaskData(spec, docs, pool, same, _bad_count(bad), _bad_examples(bad))
+    from elastic.eval.requests import fewshot_contexts
+
+    contexts = fewshot_contexts(spec, docs, pool, same) if spec.type != "perplexity" else [""] * len(docs)
+    return TaskData(spec, docs, contexts, _bad_count(bad), _bad_examples(bad))
 
 
 def _bad_count(bad) -> int:
@@ -166,11 +168,10 @@ def _worker_cls():
                                     token_budget=self.token_budget)
             self.path = path
 
-        def run(self, path: str, spec: TaskSpec, items: List[Tuple[int, Doc]], pool: List[Doc], same_file: bool,
-                seed: int) -> Tuple[List[Dict[str, Any]], float]:
+        def run(self, path: str, spec: TaskSpec, items: List[Tuple[int, Doc, str]], seed: int) -> Tuple[List[Dict[str, Any]], float]:
             t0 = time.perf_counter()
             self._load(path)
-            return self.ev.run(spec, items, pool, same_file, seed), time.perf_counter() - t0
+            return self.ev.run(spec, items, seed), time.perf_counter() - t0
 
     return EvalWorker
 
@@ -268,7 +269,7 @@ def run_eval(req: EvalRequest, say=print) -> EvalResult:
             have = {k: v for k, v in have.items() if k in keep}
             reused += len(have)
             done[(m.label, t)] = have
-            left = [(i, d) for i, d in enumerate(td.docs) if d.id not in have]
+            left = [(i, d, c) for i, (d, c) in enumerate(zip(td.docs, td.contexts)) if d.id not in have]
             for s in range(0, len(left), req.unit_items):
                 todo.append((m, t, left[s:s + req.unit_items]))
     total = sum(len(u[2]) for u in todo)
@@ -322,7 +323,7 @@ def _drive(workers, todo, tasks, out_dir, req, say, done) -> int:
             unit = queue.pop(0)
             m, t, items = unit
             td = tasks[t]
-            ref = w.run.remote(m.path, td.spec, items, td.pool, td.same_file, req.seed)
+            ref = w.run.remote(m.path, td.spec, items, req.seed)
             running[ref] = (w, unit)
         ready, _ = ray.wait(list(running), num_returns=1)
         for ref in ready:

@@ -207,7 +207,7 @@ def plan_eval_tasks(cfg: Config) -> list:
         if td.spec.type not in IN_TRAINING_TYPES:
             raise ConfigError(f"eval.tasks: {name} is a {td.spec.type} task; in training only "
                               f"{' and '.join(IN_TRAINING_TYPES)} tasks run (evaluate checkpoints with jobs/eval.py)")
-        out.append(PlannedTask(td.spec, td.docs, td.pool, td.same_file))
+        out.append(PlannedTask(td.spec, td.docs, td.contexts))
     return out
 
 
