@@ -84,6 +84,12 @@ def _info(tok: Tokenizer, sample: List[str], config: Optional[dict] = None) -> T
                          chat_template=template if isinstance(template, str) else None)
 
 
+def info_from_file(tokenizer_json: str) -> TokenizerInfo:
+    """The TokenizerInfo of a saved tokenizer.json (EOS/BOS/PAD from tokenizer_config.json beside
+    it, else the project's defaults), as training sees it."""
+    return _info(Tokenizer.from_file(tokenizer_json), [], read_tokenizer_config(tokenizer_json))
+
+
 def load_or_train(given: str, saved_path: str, sample: List[str], vocab_size: int) -> TokenizerInfo:
     """`given` tokenizer.json if set; else the run's saved one; else train and save it."""
     config: dict = {}

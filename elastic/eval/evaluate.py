@@ -31,28 +31,23 @@ Item = Tuple[int, Doc, str]  # (index in the task, the item, its full context wi
 
 @dataclass
 class TokenizerView:
-    """What evaluation needs of a tokenizer: encode without special tokens, decode, and the ids
-    lm-eval uses (prefix: BOS if the tokenizer has one, else EOS; EOS always stops generation)."""
+    """What evaluation needs of a tokenizer, as lm-eval 0.4's HFLM uses it: `encode` with the
+    tokenizer's own default for special tokens (a post-processor that adds BOS, as Llama 3's
+    does, adds it; ours adds nothing), `encode_plain` without them (a continuation after an
+    empty context), `decode` skipping special tokens, the prefix token (BOS if the tokenizer
+    has one, else EOS) and EOS, which always stops generation."""
 
     encode: Callable[[str], List[int]]
+    encode_plain: Callable[[str], List[int]]
     decode: Callable[[List[int]], str]
     eos_id: int
     prefix_id: int
-    add_bos: bool = False  # prepend prefix_id to every context (models trained with a BOS)
 
     @classmethod
-    def from_file(cls, tokenizer_json: str, add_bos: bool = False) -> "TokenizerView":
-        from tokenizers import Tokenizer
+    def from_file(cls, tokenizer_json: str) -> "TokenizerView":
+        from elastic.data.tokenizer import info_from_file
 
-        from elastic.data.tokenizer import read_tokenizer_config
-
-        tok = Tokenizer.from_file(tokenizer_json)
-        cfg = read_tokenizer_config(tokenizer_json)
-        eos = _token_id(tok, cfg.get("eos_token"))
-        bos = _token_id(tok, cfg.get("bos_token"))
-        if eos is None:
-            raise ValueError(f"{tokenizer_json}: no eos_token (tokenizer_config.json) the model can stop on")
-        return cls.of(tok, eos, bos, add_bos)
+        return cls.from_info(info_from_file(tokenizer_json))
 
     @classmethod
     def from_info(cls, info) -> "TokenizerView":
@@ -64,18 +59,10 @@ class TokenizerView:
         return cls.of(tok, info.eos_id, bos)
 
     @classmethod
-    def of(cls, tok, eos: int, bos: Optional[int], add_bos: bool = False) -> "TokenizerView":
-        return cls(encode=lambda s: tok.encode(s, add_special_tokens=False).ids,
+    def of(cls, tok, eos: int, bos: Optional[int]) -> "TokenizerView":
+        return cls(encode=lambda s: tok.encode(s).ids, encode_plain=lambda s: tok.encode(s, add_special_tokens=False).ids,
                    decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-                   eos_id=eos, prefix_id=bos if bos is not None else eos, add_bos=add_bos)
-
-
-def _token_id(tok, value) -> Optional[int]:
-    if isinstance(value, dict):
-        value = value.get("content")
-    if not value:
-        return None
-    return tok.token_to_id(value)
+                   eos_id=eos, prefix_id=bos if bos is not None else eos)
 
 
 @dataclass
@@ -98,11 +85,8 @@ class ItemEvaluator:
                 toks = self.tok.encode(d.text)
                 out.extend(LLRequest(list(a), [list(b)]) for a, b in rolling_windows(toks, self.tok.prefix_id, self.max_len))
             return out
-        reqs = [choice_request(self.tok.encode, c, d.choices, spec.target_delimiter, self.tok.prefix_id) for _, d, c in items]
-        if self.tok.add_bos:
-            for r in reqs:
-                r.context = [self.tok.prefix_id] + r.context
-        return reqs
+        return [choice_request(self.tok.encode, c, d.choices, spec.target_delimiter, self.tok.prefix_id, self.tok.encode_plain)
+                for _, d, c in items]
 
     def score_items(self, spec: TaskSpec, items: Sequence[Item]) -> List[Dict[str, Any]]:
         reqs = self.requests(spec, items)
@@ -136,7 +120,7 @@ class ItemEvaluator:
         prompts = []
         for c in ctxs:
             ids = self.tok.encode(c)
-            ids = ([self.tok.prefix_id] + ids) if self.tok.add_bos or not ids else ids
+            ids = ids or [self.tok.prefix_id]
             prompts.append(ids[-keep:])
         n = spec.samples
         flat = [p for p in prompts for _ in range(n)]

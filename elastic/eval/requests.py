@@ -4,8 +4,9 @@
   few-shot example + the item's context (lm-eval's `fewshot_context`).
 * A (context, continuation) pair is encoded as lm-eval's HFLM `_encode_pair` does: trailing
   whitespace of the context moves to the front of the continuation; the pair is encoded whole
-  and the continuation is what follows the context's own encoding; no special tokens (no BOS
-  unless the model needs one, `add_bos`); an empty context becomes the prefix token alone.
+  and the continuation is what follows the context's own encoding; special tokens as the
+  tokenizer adds them by default (lm-eval 0.4.13 passes nothing: a BOS-adding tokenizer adds
+  BOS); an empty context becomes the prefix token alone.
 * Rolling perplexity: lm-eval's `get_rolling_token_windows` + `make_disjoint_window` with
   context_len 1: every token is predicted exactly once, with up to `max_len` tokens of context,
   the first one from the prefix token.
@@ -71,10 +72,12 @@ def build_context(spec: TaskSpec, doc: Doc, shots: Sequence[Doc]) -> str:
     return "".join(parts)
 
 
-def encode_pair(encode: Encode, context: str, continuation: str, prefix_id: int) -> Tuple[List[int], List[int]]:
-    """lm-eval HFLM._encode_pair (and the empty-context rule of HFLM.loglikelihood)."""
+def encode_pair(encode: Encode, context: str, continuation: str, prefix_id: int,
+                encode_plain: Encode | None = None) -> Tuple[List[int], List[int]]:
+    """lm-eval HFLM._encode_pair (and the empty-context rule of HFLM.loglikelihood: the prefix
+    token, then the continuation encoded without special tokens, `encode_plain`)."""
     if context == "":
-        return [prefix_id], encode(continuation)
+        return [prefix_id], (encode_plain or encode)(continuation)
     n_spaces = len(context) - len(context.rstrip())
     if n_spaces > 0:
         continuation = context[-n_spaces:] + continuation
@@ -84,10 +87,11 @@ def encode_pair(encode: Encode, context: str, continuation: str, prefix_id: int)
     return ctx, whole[len(ctx):]
 
 
-def choice_request(encode: Encode, context: str, choices: Sequence[str], delimiter: str, prefix_id: int) -> LLRequest:
+def choice_request(encode: Encode, context: str, choices: Sequence[str], delimiter: str, prefix_id: int,
+                   encode_plain: Encode | None = None) -> LLRequest:
     """A multiple-choice item: one continuation per choice, `delimiter + choice` (lm-eval's
     target_delimiter). The context encoding is the same for every choice (it is encoded alone)."""
-    pairs = [encode_pair(encode, context, delimiter + c, prefix_id) for c in choices]
+    pairs = [encode_pair(encode, context, delimiter + c, prefix_id, encode_plain) for c in choices]
     return LLRequest(context=pairs[0][0], continuations=[c for _, c in pairs])
 
 

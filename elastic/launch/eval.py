@@ -15,7 +15,7 @@
 * **Code tasks**: workers generate; completions go to a sandboxed `python_tests` reward service
   (elastic/reward/service.py) started by the driver, never run in a model's process.
 * Output: `<out>/eval.json` (metrics and per-item records of every model x task), a console
-  table, and `<out>/eval_<task>.png` (metric vs training step) when several checkpoints of one
+  table, and `<out>/eval_vs_step.png` (each task's headline metric vs training step) when several checkpoints of one
   run were evaluated.
 """
 
@@ -391,22 +391,20 @@ def _score_code(tasks, models, out_dir, done, say, allow_weak: bool) -> None:
 
 
 def table(models: List[ModelRef], tasks: Dict[str, TaskData], metrics) -> List[str]:
-    """A console table: one row per model x task, the task's headline metric first."""
-    rows = [("model", "task", "n", "metric", "value", "formula")]
-    for m in models:
-        for t, td in tasks.items():
+    """A console table: one row per task (its headline metric; every metric is in eval.json),
+    one column per model, ± the standard error where the metric has one."""
+    head = ["task", "n", "metric"] + [m.label for m in models] + ["formula"]
+    rows = [head]
+    for t, td in tasks.items():
+        h = headline(td.spec)
+        cells = []
+        for m in models:
             mt = metrics[m.label][t]
-            h = headline(td.spec)
-            keys = [h] + [k for k in mt if k not in (h, "n", "tokens") and not k.endswith("_stderr")]
-            for j, k in enumerate(keys):
-                if k not in mt:
-                    continue
-                v = mt[k]
-                se = mt.get(f"{k}_stderr")
-                val = f"{v:.4f}" + (f" ± {se:.4f}" if se is not None and se == se else "")
-                rows.append((m.label if j == 0 else "", t if j == 0 else "", str(mt["n"]) if j == 0 else "", k, val,
-                             FORMULAS.get("pass@k" if k.startswith("pass@") else k, "")))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+            v, se = mt.get(h), mt.get(f"{h}_stderr")
+            cells.append("n/a" if v is None else f"{v:.4f}" + (f" ± {se:.3f}" if se is not None and se == se else ""))
+        n = metrics[models[0].label][t].get("n", 0) if models else 0
+        rows.append([t, str(n), h] + cells + [FORMULAS.get("pass@k" if h.startswith("pass@") else h, "")])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 
 
@@ -431,25 +429,31 @@ def write_outputs(out_dir, models, tasks, metrics, done) -> List[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plots = []
+    panels = []
     for t, td in tasks.items():
         h = headline(td.spec)
-        xs = [m.step for m in stepped if h in metrics[m.label][t]]
-        ys = [metrics[m.label][t][h] for m in stepped if h in metrics[m.label][t]]
-        if len(xs) < 2:
-            continue
-        fig, ax = plt.subplots(figsize=(5, 3.2))
-        ax.plot(xs, ys, marker="o")
+        pts = [(m.step, metrics[m.label][t][h]) for m in stepped if h in metrics[m.label][t]]
+        if len(pts) >= 2:
+            panels.append((t, h, pts))
+    if not panels:
+        return []
+    cols = min(3, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, 3.2 * rows), squeeze=False)
+    for ax, (t, h, pts) in zip(axes.ravel(), panels):
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
         ax.set_xlabel("training step")
         ax.set_ylabel(h)
-        ax.set_title(f"{t}: {h} = {FORMULAS.get('pass@k' if h.startswith('pass@') else h, '')}", fontsize=8)
+        ax.set_title(t, fontsize=9)
         ax.grid(alpha=0.3)
-        fig.tight_layout()
-        p = os.path.join(out_dir, f"eval_{t}.png")
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        plots.append(p)
-    return plots
+    for ax in axes.ravel()[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(f"{os.path.basename(stepped[0].run)}: headline metric vs training step (formulas in eval.json)", fontsize=9)
+    fig.tight_layout()
+    p = os.path.join(out_dir, "eval_vs_step.png")
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return [p]
 
 
 def contamination_report(run_dir: str, res: EvalResult, n: int = 13) -> List[str]:

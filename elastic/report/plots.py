@@ -272,7 +272,7 @@ def plot_eval(run: RunData, out_dir: str, diag: Diagnosis) -> Optional[str]:
         ax.set(xlabel="step", ylabel=metric, title=f"{task} (eval.tasks)")
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    return _save(fig, out_dir, "eval")
+    return _save(fig, out_dir, "eval.png")
 
 
 PLOTS: List[Tuple[str, Callable[[RunData, str, Diagnosis], Optional[str]]]] = [
