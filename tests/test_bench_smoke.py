@@ -83,3 +83,20 @@ def test_python_tests_throughput_smoke(tmp_path):
     med = res["medians"]
     assert med["overhead_ratio"] == med["sandboxed_s_per_eval"] / med["unsandboxed_s_per_eval"] > 0
     assert res["layers"]["mount_namespace"] == "bwrap"
+
+
+def test_eval_throughput_smoke(tmp_path):
+    """The eval bench runs our evaluator and lm-eval's HF backend on the same tiny exported model
+    and items (4 tasks, 8 items each), checks their numbers agree and writes a ratio per task."""
+    import pytest
+
+    pytest.importorskip("lm_eval")
+    stdout, res = _run("eval_throughput.py", tmp_path / "ev.json", timeout=300)
+    rows = {r["task"]: r for r in res["results"]}
+    assert set(rows) == {"hellaswag", "arc_easy", "mmlu_elementary_mathematics", "heldout_text"}
+    for name, r in rows.items():
+        assert r["items"] == 8 and r["ratio"] > 0, (name, r)
+        assert r["max_abs_dll"] < 1e-4, (name, r["max_abs_dll"])
+    assert rows["hellaswag"]["ratio_no_share"] > 0 and rows["heldout_text"]["ratio_no_share"] is None
+    assert res["all_within_tol"] and "max |Δll|" in stdout
+    assert not os.path.exists(res["scratch"])  # the model, task files and datasets cache are gone

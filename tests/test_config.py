@@ -64,7 +64,9 @@ def test_entry_point_rejects_bad_key_before_ray_starts(tmp_path):
 def test_shipped_configs_load_and_tiny_is_the_embedded_default():
     from elastic.config import to_dict
 
-    assert to_dict(load_config(str(REPO / "jobs" / "configs" / "tiny.yaml"))) == to_dict(load_config(None))
+    from jobs.pretrain import EMBEDDED_EVAL
+
+    assert to_dict(load_config(str(REPO / "jobs" / "configs" / "tiny.yaml"))) == to_dict(load_config(None, EMBEDDED_EVAL))
     for p in sorted((REPO / "jobs" / "configs").glob("*.yaml")):
         load_config(str(p))  # every shipped config is valid
 

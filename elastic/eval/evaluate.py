@@ -76,39 +76,47 @@ class ItemEvaluator:
 
     # --- log-likelihood tasks ---
 
+    def plan(self, spec: TaskSpec, items: Sequence[Item]) -> Tuple[List[LLRequest], List[int], Dict[int, str]]:
+        """Every scoring request of these items, flat, in item order; how many belong to each
+        item (rolling perplexity gives one per window); and the items skipped, by position,
+        with the reason: a multiple-choice continuation longer than the model's window cannot
+        be scored whole (lm-eval asserts and stops; here the item is counted and left out)."""
+        reqs: List[LLRequest] = []
+        counts: List[int] = []
+        skipped: Dict[int, str] = {}
+        for j, (_, d, c) in enumerate(items):
+            if spec.type == "perplexity":
+                win = [LLRequest(list(a), [list(b)]) for a, b in rolling_windows(self.tok.encode(d.text), self.tok.prefix_id, self.max_len)]
+            else:
+                r = choice_request(self.tok.encode, c, d.choices, spec.target_delimiter, self.tok.prefix_id, self.tok.encode_plain)
+                longest = max(len(x) for x in r.continuations)
+                if longest > self.max_len:
+                    skipped[j] = f"a choice of {longest} tokens does not fit the model's {self.max_len}-token window"
+                    win = []
+                else:
+                    win = [r]
+            reqs.extend(win)
+            counts.append(len(win))
+        return reqs, counts, skipped
+
     def requests(self, spec: TaskSpec, items: Sequence[Item]) -> List[LLRequest]:
-        """Every scoring request of these items, flat, in item order (rolling perplexity gives
-        several windows per item)."""
-        if spec.type == "perplexity":
-            out = []
-            for _, d, _ in items:
-                toks = self.tok.encode(d.text)
-                out.extend(LLRequest(list(a), [list(b)]) for a, b in rolling_windows(toks, self.tok.prefix_id, self.max_len))
-            return out
-        return [choice_request(self.tok.encode, c, d.choices, spec.target_delimiter, self.tok.prefix_id, self.tok.encode_plain)
-                for _, d, c in items]
+        return self.plan(spec, items)[0]
 
     def score_items(self, spec: TaskSpec, items: Sequence[Item]) -> List[Dict[str, Any]]:
-        reqs = self.requests(spec, items)
+        reqs, counts, skipped = self.plan(spec, items)
         got = loglik.score(self.model, reqs, self.max_len, self.token_budget)
-        if spec.type == "perplexity":
-            return self._ppl_records(items, got)
-        out = []
-        for (i, d, _), res in zip(items, got):
-            lls = [ll for ll, _ in res]
-            out.append({"id": d.id, "index": i, "lls": lls, "greedy": [g for _, g in res], "gold": d.gold,
-                        "chars": [len(c) for c in d.choices]})
-        return out
-
-    def _ppl_records(self, items, got) -> List[Dict[str, Any]]:
         out, w = [], 0
-        for i, d, _ in items:
-            n_win = len(list(rolling_windows(self.tok.encode(d.text), self.tok.prefix_id, self.max_len)))
-            res = got[w:w + n_win]
-            w += n_win
-            out.append({"id": d.id, "index": i, "ll": sum(r[0][0] for r in res),
-                        "tokens": len(self.tok.encode(d.text)), "words": len(re.split(r"\s+", d.text)),
-                        "bytes": len(d.text.encode("utf-8"))})
+        for j, ((i, d, _), k) in enumerate(zip(items, counts)):
+            res, w = got[w:w + k], w + k
+            if j in skipped:
+                out.append({"id": d.id, "index": i, "skipped": skipped[j]})
+            elif spec.type == "perplexity":
+                out.append({"id": d.id, "index": i, "ll": sum(r[0][0] for r in res),
+                            "tokens": sum(len(q.continuations[0]) for q in reqs[w - k:w]),
+                            "words": len(re.split(r"\s+", d.text)), "bytes": len(d.text.encode("utf-8"))})
+            else:
+                out.append({"id": d.id, "index": i, "lls": [ll for ll, _ in res[0]], "greedy": [g for _, g in res[0]],
+                            "gold": d.gold, "chars": [len(c) for c in d.choices]})
         return out
 
     # --- generation tasks ---

@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from elastic.eval import loglik
 from elastic.eval.evaluate import ItemEvaluator, TokenizerView
-from elastic.eval.metrics import from_sums, partial_sums
+from elastic.eval.metrics import from_sums, partial_sums, sums_len
 from elastic.eval.spec import Doc, TaskSpec
 
 IN_TRAINING_TYPES = ("perplexity", "multiple_choice")
@@ -58,7 +58,7 @@ class TaskHook:
                 recs = ev.score_items(t.spec, mine) if mine else []
                 for _ in range(most - n_fwd):  # keep FSDP's per-forward all-gathers in step
                     model(torch.zeros(1, 1, dtype=torch.long, device=device))
-                sums = comm.sum(partial_sums(t.spec, recs) if recs else [0.0] * (3 if t.spec.type == "multiple_choice" else 5))
+                sums = comm.sum(partial_sums(t.spec, recs) if recs else [0.0] * sums_len(t.spec))
                 for k, v in from_sums(t.spec, sums).items():
                     out[metric_key(t.spec.task, k)] = v
         finally:

@@ -45,7 +45,16 @@ def mc_correct(rec: Dict[str, Any]) -> tuple[float, float]:
 
 
 def aggregate(spec: TaskSpec, records: List[Dict[str, Any]]) -> Dict[str, float]:
-    """The task's metrics over its records (any order); `n` is the number of items."""
+    """The task's metrics over its records (any order); `n` is the number of items scored,
+    `skipped` the number that could not be (e.g. a choice longer than the model's window)."""
+    skipped = sum(1 for r in records if "skipped" in r)
+    out = _aggregate(spec, [r for r in records if "skipped" not in r])
+    if skipped:
+        out["skipped"] = skipped
+    return out
+
+
+def _aggregate(spec: TaskSpec, records: List[Dict[str, Any]]) -> Dict[str, float]:
     n = len(records)
     if n == 0:
         return {"n": 0}
@@ -71,23 +80,31 @@ def aggregate(spec: TaskSpec, records: List[Dict[str, Any]]) -> Dict[str, float]
 
 def partial_sums(spec: TaskSpec, records: List[Dict[str, Any]]) -> List[float]:
     """Sums from which `from_sums` gives the task's metrics: added over ranks (one collective)
-    they give the metrics of all items, however the items were split. Log-likelihood tasks only."""
+    they give the metrics of all items, however the items were split. Log-likelihood tasks only.
+    The last sum is the number of skipped items."""
+    skipped = float(sum(1 for r in records if "skipped" in r))
+    records = [r for r in records if "skipped" not in r]
     if spec.type == "multiple_choice":
         c = [mc_correct(r) for r in records]
-        return [float(len(records)), sum(a for a, _ in c), sum(b for _, b in c)]
+        return [float(len(records)), sum(a for a, _ in c), sum(b for _, b in c), skipped]
     if spec.type == "perplexity":
-        return [float(len(records))] + [float(sum(r[k] for r in records)) for k in ("ll", "words", "bytes", "tokens")]
+        return [float(len(records))] + [float(sum(r[k] for r in records)) for k in ("ll", "words", "bytes", "tokens")] + [skipped]
     raise ValueError(f"partial_sums: {spec.type} tasks are not reduced by sums")
 
 
+def sums_len(spec: TaskSpec) -> int:
+    return 4 if spec.type == "multiple_choice" else 6
+
+
 def from_sums(spec: TaskSpec, sums: Sequence[float]) -> Dict[str, float]:
-    n = int(sums[0])
+    n, skipped = int(sums[0]), int(sums[-1])
+    extra = {"skipped": skipped} if skipped else {}
     if n == 0:
-        return {"n": 0}
+        return {"n": 0, **extra}
     if spec.type == "multiple_choice":
-        return {"n": n, "acc": sums[1] / n, "acc_norm": sums[2] / n}
-    ll, words, nbytes, toks = sums[1:]
-    return {"n": n, "word_perplexity": math.exp(-ll / words), "byte_perplexity": math.exp(-ll / nbytes),
+        return {"n": n, "acc": sums[1] / n, "acc_norm": sums[2] / n, **extra}
+    ll, words, nbytes, toks = sums[1:5]
+    return {**extra, "n": n, "word_perplexity": math.exp(-ll / words), "byte_perplexity": math.exp(-ll / nbytes),
             "bits_per_byte": -ll / nbytes / math.log(2), "token_perplexity": math.exp(-ll / toks), "tokens": toks}
 
 

@@ -235,13 +235,13 @@ def run_eval(req: EvalRequest, say=print) -> EvalResult:
     from elastic.launch.pretrain import worker_env
 
     t0 = time.perf_counter()
-    models = resolve_models(req.models)
     tasks = {}
     for name in req.tasks:
         td = load_task(name, req.limit)
         if td.spec.task in tasks:
             raise EvalConfigError(f"{name}: task {td.spec.task!r} is listed twice")
         tasks[td.spec.task] = td
+    models = resolve_models(req.models)
     if any(td.spec.type == "code" for td in tasks.values()) and not req.allow_weak_isolation:
         from elastic.reward.isolation import detect, unavailable_message
 
@@ -402,8 +402,9 @@ def table(models: List[ModelRef], tasks: Dict[str, TaskData], metrics) -> List[s
             mt = metrics[m.label][t]
             v, se = mt.get(h), mt.get(f"{h}_stderr")
             cells.append("n/a" if v is None else f"{v:.4f}" + (f" ± {se:.3f}" if se is not None and se == se else ""))
-        n = metrics[models[0].label][t].get("n", 0) if models else 0
-        rows.append([t, str(n), h] + cells + [FORMULAS.get("pass@k" if h.startswith("pass@") else h, "")])
+        first = metrics[models[0].label][t] if models else {}
+        n = f"{first.get('n', 0)}" + (f" ({first['skipped']} skipped)" if first.get("skipped") else "")
+        rows.append([t, n, h] + cells + [FORMULAS.get("pass@k" if h.startswith("pass@") else h, "")])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
 

@@ -271,6 +271,9 @@ def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str], report:
         held = heldout_summary(recs)
         if held:
             s["heldout"] = held
+        ev = eval_summary(recs)
+        if ev:
+            s["evaluation"] = ev
     found = ckpt_lib.latest_complete(paths.run_dir)
     if found and found[1].get("bad_rows", {}).get("counts"):  # counts and first examples, with file and line
         s["bad_rows_detail"] = found[1]["bad_rows"]
@@ -281,6 +284,23 @@ def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str], report:
     with open(os.path.join(paths.local_dir, "summary.json"), "w") as f:
         json.dump(s, f, indent=2)
     return s
+
+
+HEADLINE_EVAL = ("val_loss", "bits_per_byte", "acc_norm")
+
+
+def eval_summary(recs: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """In-training evaluation, first and last: {"val_loss" | "<task>/<metric>": {"first", "first_step",
+    "last", "last_step"}} for the validation loss and each eval.tasks task's headline metric."""
+    out: Dict[str, Dict[str, Any]] = {}
+    for r in recs:
+        for key, v in r.items():
+            name = key[5:] if key.startswith("eval/") else key
+            if name.rsplit("/", 1)[-1] not in HEADLINE_EVAL or not isinstance(v, (int, float)):
+                continue
+            e = out.setdefault(name, {"first": v, "first_step": r["step"]})
+            e.update(last=v, last_step=r["step"])
+    return out
 
 
 def heldout_summary(recs: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
