@@ -7,7 +7,8 @@ elastic/eval/spec.py). Results: a console table, `<out>/eval.json` with per-item
 A rerun with the same --out computes only the items not done yet (--fresh to start over).
 `--contamination RUN` reports 13-gram overlap of each task's items with RUN's training data.
 
-With no --model it evaluates the default pretraining run (runs/tiny-demo) on its default tasks.
+With no arguments it evaluates every checkpoint of the default pretraining run (runs/tiny-demo)
+on every shipped task and checks them for contamination with that run's training data.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 DEFAULT_MODEL = "runs/tiny-demo"
-DEFAULT_TASKS = ["heldout_text", "hellaswag", "arc_easy", "humaneval"]
+DEFAULT_TASKS = ["heldout_text", "hellaswag", "arc_easy", "mmlu_elementary_mathematics", "gsm8k", "humaneval", "python_heldout"]
 
 
 def main(argv=None) -> int:
@@ -36,6 +37,11 @@ def main(argv=None) -> int:
     ap.add_argument("--contamination", default="", metavar="RUN", help="report 13-gram overlap with RUN's training data cache")
     ap.add_argument("--allow-weak-isolation", action="store_true", help="run code tasks without bubblewrap (not for untrusted models)")
     args = ap.parse_args(argv)
+    if args.model == [DEFAULT_MODEL] and not args.contamination:
+        args.contamination = DEFAULT_MODEL
+        if not os.path.isdir(DEFAULT_MODEL):
+            print(f"config error: {DEFAULT_MODEL}: no such run (run `python jobs/pretrain.py` first, or pass --model)", file=sys.stderr)
+            return 2
 
     from elastic.eval.spec import EvalConfigError
     from elastic.launch.eval import EvalRequest, run_eval

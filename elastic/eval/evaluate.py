@@ -123,8 +123,11 @@ class ItemEvaluator:
 
     def generate_items(self, spec: TaskSpec, items: Sequence[Item], seed: int = 0) -> List[Dict[str, Any]]:
         ctxs = [c for _, _, c in items]
-        # lm-eval: the context keeps its last (max_length - max_gen_toks) tokens
-        keep = max(1, self.max_len - spec.max_gen_toks)
+        # lm-eval: the context keeps its last (max_length - max_gen_toks) tokens. A model whose
+        # window is not longer than max_gen_toks (lm-eval would keep one token or none) keeps
+        # half its window for the context and generates at most the other half.
+        max_new = spec.max_gen_toks if spec.max_gen_toks < self.max_len else max(1, self.max_len // 2)
+        keep = max(1, self.max_len - max_new)
         prompts = []
         for c in ctxs:
             ids = self.tok.encode(c)
@@ -134,7 +137,7 @@ class ItemEvaluator:
         flat = [p for p in prompts for _ in range(n)]
         seeds = [seed * 1_000_003 + i * 1009 + s for i, _, _ in items for s in range(n)]  # per item, not per shard
         stop_seqs = [ids for ids in (self.tok.encode(s) for s in spec.until) if ids]
-        comps = self._generate(flat, spec.max_gen_toks, spec.temperature if n > 1 else 0.0, spec.top_p, seeds, stop_seqs)
+        comps = self._generate(flat, max_new, spec.temperature if n > 1 else 0.0, spec.top_p, seeds, stop_seqs)
         texts = [cut_at_stops(self.tok.decode(c.tokens), spec.until) for c in comps]
         out = []
         for j, (i, d, _) in enumerate(items):
