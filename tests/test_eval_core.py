@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -138,13 +139,23 @@ def _one_pair(model, ctx, cont, max_len):
     return lp.gather(1, t[:, None]).sum().item(), bool((lp.argmax(-1) == t).all())
 
 
-def test_tree_scoring_equals_one_forward_per_pair():
+def test_trie_scoring_equals_one_forward_per_pair():
+    """Choices sharing their item's context, items sharing a few-shot prefix, contexts cut on
+    the left, items alone wider than a row: every number as if each pair ran alone."""
     model = _tiny()
     rnd = random.Random(1)
-    reqs = [LLRequest([rnd.randrange(97) for _ in range(rnd.randrange(1, 70))],
-                      [[rnd.randrange(97) for _ in range(rnd.randrange(1, 7))] for _ in range(rnd.randrange(1, 5))])
-            for _ in range(25)]
-    got = loglik.score(model, reqs, max_len=48, token_budget=200)
+    shot = [rnd.randrange(97) for _ in range(30)]  # a shared "few-shot" prefix
+    reqs = []
+    for i in range(30):
+        ctx = [rnd.randrange(97) for _ in range(rnd.randrange(1, 70))]
+        if i % 3 == 0:
+            ctx = shot + ctx[:10]
+        conts = [[rnd.randrange(97) for _ in range(rnd.randrange(1, 7))] for _ in range(rnd.randrange(1, 5))]
+        reqs.append(LLRequest(ctx, conts))
+    reqs.append(LLRequest(shot + [5] * 14, [[1], [2, 3, 4, 5, 6, 7, 8]]))  # one choice fits, one is cut
+    trees, _ = loglik.plan_trees(reqs, 48, 96)
+    assert any(len(t.nodes) > 1 and t.nodes[1].parent == 0 and t.nodes[1].target is None for t in trees)  # a shared prefix
+    got = loglik.score(model, reqs, max_len=48, token_budget=200, row_cap=96)
     n_pairs = 0
     for r, g in zip(reqs, got):
         assert len(g) == len(r.continuations)
@@ -153,17 +164,18 @@ def test_tree_scoring_equals_one_forward_per_pair():
             assert ll == pytest.approx(ref_ll, abs=1e-4)
             assert greedy == ref_greedy
             n_pairs += 1
-    # shared contexts and packing: fewer forwards than pairs
-    assert loglik.forward_count(reqs, 48, 200) < n_pairs
+    assert loglik.forward_count(reqs, 48, 200, 96) < n_pairs / 4
 
 
-def test_tree_mask_isolates_branches_and_trees():
-    tree = torch.tensor([[0, 0, 0, 0, 1, 1, -1]])
-    branch = torch.tensor([[0, 0, 1, 2, 0, 1, 0]])
-    m = loglik.tree_mask(tree, branch)[0, 0]
-    assert m[2, :2].all() and not m[3, 2]          # branch 2 sees the context, not branch 1
-    assert not m[4, :4].any() and m[5, 4]          # tree 1 starts fresh
-    assert m.diagonal().all()                      # every query has a key (no NaN rows)
+def test_trie_mask_isolates_items_and_choices():
+    # nodes: 0 shared prefix; 1, 2 two items' contexts; 3 a choice of item 1; 4 padding
+    node = torch.tensor([[0, 0, 1, 1, 3, 2, 2, 4]])
+    anc = torch.tensor(np.array([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 0, 1, 0, 0], [1, 1, 0, 1, 0], [0, 0, 0, 0, 1]], dtype=bool))
+    m = loglik.trie_mask(node, anc)[0, 0]
+    assert m[4, :4].all()                         # the choice sees its item and the prefix
+    assert m[5, :2].all() and not m[5, 2:5].any()  # item 2 sees the prefix, not item 1 or its choice
+    assert not m[7, :7].any() and m[7, 7]         # padding sees only itself
+    assert m.diagonal().all()                     # every query has a key (no NaN rows)
 
 
 def test_scoring_sends_only_scored_positions_through_the_head():
