@@ -4,14 +4,20 @@ Lives in the config layer because config validation resolves `model.init_from` b
 work starts, and must not import torch or the model. elastic/model/hf.py builds on it (the
 weight-name map, the safetensors checks, loading and export).
 
-Supported: `LlamaForCausalLM` (Llama 2/3/3.1/3.2), `Qwen2ForCausalLM` and `Qwen3ForCausalLM`
-with SiLU MLPs, no sliding window, RoPE plain or scaled "linear" or "llama3" (Llama 3.1/3.2's
-`rope_scaling`), any even head_dim. Anything else (yarn, dynamic, longrope RoPE; o_proj or MLP
+Supported: `LlamaForCausalLM` (Llama 2/3/3.1/3.2), `Qwen2ForCausalLM` and `Qwen3ForCausalLM`,
+and their `*ForSequenceClassification` with one label (reward models, critics: a bias-free
+`score` head [1, hidden] instead of `lm_head`), with SiLU MLPs, no sliding window, RoPE plain
+or scaled "linear" or "llama3" (Llama 3.1/3.2's `rope_scaling`), any even head_dim. Anything else (yarn, dynamic, longrope RoPE; o_proj or MLP
 biases; ...) is one line naming config.json and the key, before any weight is read.
 
 The dims carry only the ModelArgs fields a model needs: `qk_norm` (Qwen3), `head_dim` (when it
 is not hidden_size / num_attention_heads) and `rope_scaling` (when not plain RoPE) appear only
-when they apply, so a Llama or Qwen2 directory gives the same dims as before they existed.
+when they apply, so a Llama or Qwen2 directory gives the same dims as before they existed;
+`num_labels` (1) likewise, for a *ForSequenceClassification directory only. Its head is never
+tied, whatever `tie_word_embeddings` says (that flag is about `lm_head`, which such a model
+does not have: Qwen3 reward models often keep their base's `true`), so tie_embeddings is false.
+The number of labels is read as transformers reads it: the length of `id2label` when present,
+else `num_labels`, else 2 (transformers' default).
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import json
 import os
 from typing import Any, Dict, Optional, Tuple
 
-ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+CAUSAL_LM = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
+SEQ_CLS = "ForSequenceClassification"
+ARCHITECTURES = CAUSAL_LM + tuple(a.replace("ForCausalLM", SEQ_CLS) for a in CAUSAL_LM)
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 ROPE_TYPES = ("default", "linear", "llama3")
 # transformers' Qwen3Config default when config.json has no head_dim (Llama/Qwen2: hidden / heads).
@@ -128,6 +136,10 @@ def hf_model_dims(path: str) -> Dict[str, Any]:
             raise HFConfigError(f"{where}: {key} must be a positive integer, got {v!r}")
         return v
 
+    num_labels = None
+    if arch.endswith(SEQ_CLS):
+        num_labels = _num_labels(raw, where, arch)
+        arch = arch.replace(SEQ_CLS, "ForCausalLM")  # the same backbone and checks as the causal LM
     dim, n_heads = need_int("hidden_size"), need_int("num_attention_heads")
     n_kv = raw.get("num_key_value_heads") or n_heads
     head_dim = raw.get("head_dim")
@@ -167,4 +179,24 @@ def hf_model_dims(path: str) -> Dict[str, Any]:
         dims["head_dim"] = head_dim
     if scaling is not None:
         dims["rope_scaling"] = scaling
+    if num_labels is not None:
+        dims["tie_embeddings"] = False
+        dims["num_labels"] = num_labels
     return dims
+
+
+def _num_labels(raw: Dict[str, Any], where: str, arch: str) -> int:
+    """A *ForSequenceClassification's label count as transformers reads it; only 1 is supported."""
+    id2label, n = raw.get("id2label"), raw.get("num_labels")
+    if id2label is not None and not isinstance(id2label, dict):
+        raise HFConfigError(f"{where}: id2label must be an object, got {id2label!r}")
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool)):
+        raise HFConfigError(f"{where}: num_labels must be an integer, got {n!r}")
+    if id2label is not None and n is not None and len(id2label) != n:
+        raise HFConfigError(f"{where}: num_labels {n} disagrees with id2label's {len(id2label)} labels")
+    labels = len(id2label) if id2label is not None else n if n is not None else 2
+    if labels != 1:
+        key = "id2label" if id2label is not None else "num_labels"
+        raise HFConfigError(f"{where}: {key} gives {labels} labels for {arch}; only 1 is supported (a scalar score head: "
+                            "reward model, critic)")
+    return labels

@@ -8,6 +8,10 @@ Two kinds of source, told apart by their files:
   resolved config `<run>/config.json` (recursively, if that run itself started from
   another source), tokenizer from the run (its `data.tokenizer`, else `<run>/tokenizer.json`).
 
+The dims carry `num_labels` only for a scalar-head model (reward model, critic): an HF
+*ForSequenceClassification directory, or a run with `model.num_labels: 1` (whatever it started
+from: its checkpoints hold its own head). A causal LM's dims have no such key.
+
 Only the driver-side facts live here (plain files, no torch). Weight checks and loading are
 in elastic/model/hf.py. Local paths only.
 """
@@ -98,6 +102,7 @@ def _from_checkpoint(step_dir: str, seen: tuple) -> InitFrom:
         dims = _apply_explicit(run_cfg, dims, parent.config_path)
     else:
         dims, parent_tok = resolved_model_dims(run_cfg), ""
+    dims = with_num_labels(dims, run_cfg.model.num_labels)
     dims["max_seq_len"] = run_cfg.data.seq_len
     if run_cfg.data.tokenizer:
         tok = run_cfg.data.tokenizer
@@ -124,9 +129,31 @@ def _apply_explicit(cfg, dims: Dict[str, Any], source: str) -> Dict[str, Any]:
     return dims
 
 
+def with_num_labels(dims: Dict[str, Any], num_labels: int) -> Dict[str, Any]:
+    """`dims` for a model whose head is `num_labels` (model.num_labels: 0 = causal LM): the key
+    is present (and tie_embeddings false: a score head is never tied) only for a scalar head."""
+    dims = dict(dims)
+    if num_labels:
+        dims["num_labels"] = num_labels
+        dims["tie_embeddings"] = False
+    else:
+        dims.pop("num_labels", None)
+    return dims
+
+
 def init_from_dims(cfg) -> Dict[str, Any]:
-    """ModelArgs fields for a config with `model.init_from` set (max_seq_len = data.seq_len)."""
+    """ModelArgs fields for a config with `model.init_from` set (max_seq_len = data.seq_len).
+
+    `model.num_labels` decides the head: 1 on a causal LM's backbone is a new score head (the
+    source's vocabulary projection is not used); a scalar-head source needs model.num_labels 1."""
     src = resolve_init_from(cfg.model.init_from)
     dims = _apply_explicit(cfg, dict(src.dims), src.config_path)
+    if src.dims.get("num_labels") and not cfg.model.num_labels:
+        from elastic.config.load import ConfigError
+
+        raise ConfigError(f"model.num_labels: 0 (a causal LM) conflicts with {src.dims['num_labels']} from {src.config_path} "
+                          "(model.init_from is a scalar-head model: a reward model or critic); set model.num_labels: "
+                          f"{src.dims['num_labels']}")
+    dims = with_num_labels(dims, cfg.model.num_labels)
     dims["max_seq_len"] = cfg.data.seq_len
     return dims

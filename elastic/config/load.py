@@ -196,6 +196,10 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(d.prefetch_steps >= 0, "data.prefetch_steps", f"must be >= 0, got {d.prefetch_steps}")
     _check(m.preset in PRESETS, "model.preset", f"unknown preset {m.preset!r} (known: {', '.join(PRESETS)})")
     _check(m.attention in ATTENTION_BACKENDS, "model.attention", f"must be one of {'|'.join(ATTENTION_BACKENDS)}, got {m.attention!r}")
+    _check(m.num_labels in (0, 1), "model.num_labels",
+           f"must be 0 (a causal LM) or 1 (a scalar score head: reward model, critic), got {m.num_labels}")
+    _check(not (m.num_labels and m.tie_embeddings), "model.tie_embeddings",
+           "must not be true with model.num_labels 1 (a score head is never tied to the embeddings)")
     dims = resolved_model_dims(cfg)
     if m.init_from and d.tokenizer:
         from elastic.config.init_from import resolve_init_from
@@ -277,6 +281,12 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _validate_rl_tasks(cfg)
     _validate_lora(cfg)
     _validate_dpo(cfg)
+    rm = cfg.reward_model
+    _check(cfg.reward.model_actors >= 1, "reward.model_actors", f"must be >= 1, got {cfg.reward.model_actors}")
+    _check(cfg.reward.model_batch >= 1, "reward.model_batch", f"must be >= 1, got {cfg.reward.model_batch}")
+    _check(cfg.reward.model_use_gpu in ("auto", "true", "false"), "reward.model_use_gpu",
+           f"must be auto|true|false, got {cfg.reward.model_use_gpu!r}")
+    _check(rm.center_rewards_coefficient >= 0, "reward_model.center_rewards_coefficient", f"must be >= 0, got {rm.center_rewards_coefficient}")
     if job == "grpo":
         _validate_rl_world_sizes(cfg)
 
@@ -415,7 +425,9 @@ def _valid_step_range(spec: str) -> bool:
 def resolved_model_dims(cfg: Config) -> Dict[str, Any]:
     """ModelArgs fields: the preset's sizes with every explicitly set model field applied on
     top; or, with `model.init_from`, the source's sizes and vocabulary (an explicit field
-    that disagrees is a ConfigError). max_seq_len is data.seq_len either way."""
+    that disagrees is a ConfigError). max_seq_len is data.seq_len either way. `num_labels`
+    (with tie_embeddings false) is there only for a scalar head (model.num_labels 1)."""
+    from elastic.config.init_from import with_num_labels
     from elastic.config.presets import PRESETS
 
     if cfg.model.init_from:
@@ -430,7 +442,7 @@ def resolved_model_dims(cfg: Config) -> Dict[str, Any]:
             dims[f.name] = v
     dims["vocab_size"] = cfg.data.vocab_size
     dims["max_seq_len"] = cfg.data.seq_len
-    return dims
+    return with_num_labels(dims, cfg.model.num_labels)
 
 
 def resolved_tokenizer(cfg: Config) -> str:

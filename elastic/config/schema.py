@@ -103,6 +103,11 @@ class ModelSection:
     norm_eps: Optional[float] = None
     # Biases on the q/k/v projections (Qwen2 has them; presets do not).
     qkv_bias: Optional[bool] = None
+    # 0: a causal LM (the vocabulary projection). 1: a scalar score head (reward model, critic):
+    # one value per position, never tied to the embeddings, exported as Hugging Face
+    # *ForSequenceClassification with num_labels 1. With model.init_from a causal LM's backbone
+    # gets a new head; a scalar-head source needs 1 here.
+    num_labels: int = 0
     # auto | flash_varlen | torch_varlen | flex | sdpa_mask | sdpa_loop
     attention: str = "auto"
     # LoRA adapters for SFT, DPO and GRPO (needs model.init_from: the frozen base).
@@ -295,6 +300,13 @@ class RewardSection:
     # runs them with weaker isolation (unshare namespaces, or none: no read-only filesystem view),
     # logged as a WARNING: only for programs you would run unsandboxed anyway.
     allow_weak_isolation: bool = False
+    # reward.kind's `model` term: a reward model (our reward-model checkpoint <run>/step_N or a
+    # Hugging Face *ForSequenceClassification directory) served by Ray actors; its score x the
+    # term's weight is added to the verifiers' reward. Same tokenizer as the policy.
+    model_path: str = ""
+    model_actors: int = 1
+    model_batch: int = 32
+    model_use_gpu: str = "auto"  # auto | true | false
 
 
 @dataclass
@@ -413,6 +425,21 @@ class DPOSection:
 
 
 @dataclass
+class RewardModelSection:
+    """Reward-model training (jobs/reward_model.py, elastic/rl/reward_model.py) on preference
+    pairs (the `dpo` section's fields, overlong rule and code-opt pairs). The model is the
+    starting policy's backbone with a scalar score head (model.num_labels: 1) read at the last
+    token of prompt + answer. Loss per pair (Bradley-Terry, as TRL's RewardTrainer):
+    -log sigmoid(r_chosen - r_rejected - margin) + center_rewards_coefficient * (r_chosen + r_rejected)^2."""
+
+    # Per-pair margin column ("" = none, margin 0): pairs whose chosen is much better ask for a
+    # larger score gap (Llama 2's margin loss).
+    margin_field: str = ""
+    # Pulls the scores toward mean 0 (Eisenstein et al. 2023; TRL's center_rewards_coefficient). 0 = off.
+    center_rewards_coefficient: float = 0.0
+
+
+@dataclass
 class Config:
     run: RunSection = field(default_factory=RunSection)
     data: DataSection = field(default_factory=DataSection)
@@ -426,6 +453,7 @@ class Config:
     reward: RewardSection = field(default_factory=RewardSection)
     rl: RLSection = field(default_factory=RLSection)
     dpo: DPOSection = field(default_factory=DPOSection)
+    reward_model: RewardModelSection = field(default_factory=RewardModelSection)
 
 
 SECTIONS: List[str] = list(Config.__dataclass_fields__)

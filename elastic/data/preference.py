@@ -49,6 +49,9 @@ class PairFormat:
     prompt_field: str = "prompt"
     chosen_field: str = "chosen"
     rejected_field: str = "rejected"
+    # A per-pair number (reward models: how much better chosen is; TRL's `margin` column).
+    # "": none. A row whose margin is not a finite number is counted and skipped.
+    margin_field: str = ""
 
 
 @dataclass
@@ -59,6 +62,7 @@ class PairSet:
     ids: np.ndarray                                      # int32, all tokens back to back
     spans: np.ndarray                                    # int64 [n, 3, 2]
     where: List[str] = field(default_factory=list)       # file:line per pair (driver only)
+    margins: Optional[np.ndarray] = None                 # float32 [n] when the rows carry one
 
     def __len__(self) -> int:
         return int(self.spans.shape[0])
@@ -80,7 +84,8 @@ class PairSet:
             if self.where:
                 where.append(self.where[int(i)])
         ids = np.concatenate(parts).astype(np.int32) if parts else np.zeros(0, np.int32)
-        return PairSet(ids, np.asarray(spans, np.int64).reshape(-1, 3, 2), where)
+        margins = self.margins[np.asarray(list(idx), np.int64)] if self.margins is not None else None
+        return PairSet(ids, np.asarray(spans, np.int64).reshape(-1, 3, 2), where, margins)
 
     def tokens(self) -> int:
         return int(self.ids.size)
@@ -93,7 +98,8 @@ class PairSet:
         return h.hexdigest()
 
     @classmethod
-    def build(cls, pairs: Sequence[Tuple[Sequence[int], Sequence[int], Sequence[int]]], where: Sequence[str] = ()) -> "PairSet":
+    def build(cls, pairs: Sequence[Tuple[Sequence[int], Sequence[int], Sequence[int]]], where: Sequence[str] = (),
+              margins: Optional[Sequence[float]] = None) -> "PairSet":
         ids: List[int] = []
         spans = []
         for seqs in pairs:
@@ -102,7 +108,8 @@ class PairSet:
                 row.append([len(ids), len(ids) + len(s)])
                 ids.extend(int(t) for t in s)
             spans.append(row)
-        return cls(np.asarray(ids, np.int32), np.asarray(spans, np.int64).reshape(-1, 3, 2), list(where))
+        return cls(np.asarray(ids, np.int32), np.asarray(spans, np.int64).reshape(-1, 3, 2), list(where),
+                   np.asarray(margins, np.float32) if margins is not None else None)
 
 
 # ------------------------------------------------------------------------- rows → messages
@@ -266,9 +273,10 @@ def load_pairs(source: str, glob: str, fmt_name: str, fmt: PairFormat, chat: Cha
     counted and skipped (`bad_json`, `invalid_utf8`, `bad_pair`), as are overlong pairs
     (`too_long` when skipped, `truncated` when cut)."""
     bad = BadRows(keep=keep_examples)
-    pairs, where = [], []
+    pairs, where, margins = [], [], []
     for loc, obj in read_pair_rows(source, glob, fmt_name, fmt, bad):
         try:
+            margin = _margin(obj, fmt.margin_field) if fmt.margin_field else 0.0
             context, chosen, rejected = pair_messages(obj, fmt)
             p, c, r = encode_pair(context, chosen, rejected, chat, tokenizer.encode_batch, eos_id)
         except RowError as e:
@@ -282,7 +290,17 @@ def load_pairs(source: str, glob: str, fmt_name: str, fmt: PairFormat, chat: Cha
             bad.add("truncated", f"{loc} (answers cut to {seq_len - len(p)} tokens)")
         pairs.append(fitted[:3])
         where.append(loc)
-    return PairSet.build(pairs, where), bad
+        margins.append(margin)
+    return PairSet.build(pairs, where, margins if fmt.margin_field else None), bad
+
+
+def _margin(obj: Dict[str, Any], name: str) -> float:
+    import math
+
+    v = obj.get(name)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+        raise RowError(f"field {name!r} is not a finite number ({v!r})")
+    return float(v)
 
 
 # ------------------------------------------------------------------------------- code-opt

@@ -49,13 +49,17 @@ def dpo_sources(cfg: Config, local_dir: str) -> tuple[str, str]:
 
 class DPOLaunch(JobLaunch):
     job = "dpo"
+    label = "DPO"
+
+    def pair_format(self, cfg: Config) -> PairFormat:
+        return PairFormat(cfg.dpo.prompt_field, cfg.dpo.chosen_field, cfg.dpo.rejected_field)
 
     def plan(self, cfg: Config, paths: RunPaths, say) -> None:
         from elastic.model.hf import check_init_from
 
         if not cfg.model.init_from:
-            raise ConfigError("model.init_from: DPO starts from a trained policy (an SFT checkpoint <run>/step_N or a "
-                              "Hugging Face directory); jobs/dpo.py runs the default SFT first when it is empty")
+            raise ConfigError(f"model.init_from: {self.label} starts from a trained policy (an SFT checkpoint <run>/step_N or a "
+                              f"Hugging Face directory); jobs/{self.job}.py runs the default SFT first when it is empty")
         check_init_from(cfg)  # names and shapes from headers/metadata: one line, before any worker
         tok_path = resolved_tokenizer(cfg)
         if not tok_path or not os.path.isfile(tok_path):
@@ -64,7 +68,7 @@ class DPOLaunch(JobLaunch):
         keep_tokenizer(tok_path, paths.local_dir)
         self.chat = ChatFormat(chat_template=None if cfg.sft.template == "builtin" else self.tok.chat_template,
                                eos_token=self.tok.eos_token, bos_token=self.tok.bos_token)
-        d, fmt = cfg.dpo, PairFormat(cfg.dpo.prompt_field, cfg.dpo.chosen_field, cfg.dpo.rejected_field)
+        d, fmt = cfg.dpo, self.pair_format(cfg)
         train_src, held_src = dpo_sources(cfg, paths.local_dir)
         tokenizer = from_json(self.tok.json)
 

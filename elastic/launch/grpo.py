@@ -99,6 +99,25 @@ def check_isolation(cfg: Config, spec) -> None:
         raise ConfigError(f"reward.kind {cfg.reward.kind!r}: {unavailable_message(iso)}")
 
 
+def check_reward_model(cfg: Config, policy_tokenizer_json: str) -> None:
+    """reward.kind's `model` term: reward.model_path is a reward model (a scalar head) whose
+    tokenizer is the policy's (sequences go to it as the policy's token ids). One line, before
+    any worker starts."""
+    from elastic.config.init_from import resolve_init_from
+    from elastic.data.tokenizer import info_from_file
+
+    path = cfg.reward.model_path
+    if not path:
+        raise ConfigError("reward.model_path: reward.kind has a 'model' term but no reward model is given "
+                          "(a jobs/reward_model.py checkpoint <run>/step_N or a Hugging Face *ForSequenceClassification directory)")
+    src = resolve_init_from(path, key="reward.model_path")
+    if not src.dims.get("num_labels"):
+        raise ConfigError(f"reward.model_path {path}: a causal language model, not a reward model (no score head)")
+    if info_from_file(src.tokenizer).json != policy_tokenizer_json:
+        raise ConfigError(f"reward.model_path {path}: its tokenizer ({src.tokenizer}) is not the policy's; train the reward "
+                          "model from the same policy (jobs/reward_model.py) so scores read the policy's tokens")
+
+
 class GRPOLaunch(JobLaunch):
     job = "grpo"
 
@@ -115,6 +134,9 @@ class GRPOLaunch(JobLaunch):
                                eos_token=self.tok.eos_token, bos_token=self.tok.bos_token)
         self.cfg = cfg
         self.service = None
+        self.rm = None
+        if "model" in self.spec.kinds:
+            check_reward_model(cfg, self.tok.json)
 
     def describe(self) -> list:
         rl = self.cfg.rl
@@ -126,18 +148,26 @@ class GRPOLaunch(JobLaunch):
 
     def start(self, cfg: Config, paths: RunPaths) -> None:
         self.service = start_service(cfg.reward, cfg.rl.problems, name=reward_service_name(cfg), tasks=self.tasks)
+        if "model" in self.spec.kinds:
+            from elastic.rl.reward_model_service import start_rm_service
+
+            self.rm = start_rm_service(cfg.reward, name=reward_service_name(cfg))
 
     def trainer(self, cfg: Config, paths: RunPaths, gpu: bool):
         ids = list(self.split.train) + list(self.split.heldout)
         return build_torch_trainer(cfg, paths, gpu, grpo_loop_per_worker,
                                    {"tokenizer_json": self.tok.json, "chat_format": self.chat, "eos_id": self.tok.eos_id,
-                                    "reward_service": reward_service_name(cfg),
+                                    "reward_service": reward_service_name(cfg), "rm_service": self.rm,
                                     "prompt_texts": {t: self.tasks[t].prompt for t in ids},
                                     "train_ids": list(self.split.train), "heldout_ids": list(self.split.heldout)})
 
     def stop(self) -> None:
         if self.service is not None:
             self.service.shutdown()
+        if self.rm is not None:
+            from elastic.rl.reward_model_service import stop_rm_service
+
+            stop_rm_service(self.rm)
 
 
 def run_grpo(cfg: Config, out: Optional[TextIO] = None, progress: bool = True) -> PretrainResult:

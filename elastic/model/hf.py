@@ -1,10 +1,15 @@
 """Hugging Face format in and out: LlamaForCausalLM (incl. Llama 3.1/3.2 "llama3" RoPE
-scaling), Qwen2ForCausalLM and Qwen3ForCausalLM directories.
+scaling), Qwen2ForCausalLM and Qwen3ForCausalLM directories, and their *ForSequenceClassification
+with one label (reward models, critics: `ModelArgs.num_labels` 1).
 
 Our Transformer has HF's layout (rotate-half RoPE, Qwen2's q/k/v biases, Qwen3's per-head q/k
 RMSNorm and explicit head_dim, tied or untied output), so a weight maps by its name alone:
 `hf_key_map(args)` is that map, ours → HF. Which HF class a model is follows from its fields:
-qk_norm → Qwen3, qkv_bias → Qwen2, else Llama (`hf_architecture_for`).
+qk_norm → Qwen3, qkv_bias → Qwen2, else Llama (`hf_architecture_for`); a scalar head makes it
+the family's *ForSequenceClassification, whose bias-free `score.weight` [1, dim] is our
+`output.weight` (never tied). Its config.json carries num_labels 1 (id2label/label2id as
+transformers writes them) and the pad_token_id transformers needs to find each row's last
+non-pad token (elastic/model/scores.py pools the same token).
 
 In:  `read_hf_dims(dir)` → ModelArgs fields from config.json (elastic/config/hf_config.py);
      `check_hf_dir(dir, args)` → every expected tensor present with the right shape, read
@@ -55,20 +60,24 @@ _QK_NORM_MAP = {"attention.q_norm.weight": "self_attn.q_norm.weight", "attention
 
 
 def hf_architecture_for(args: ModelArgs) -> str:
-    """The transformers class our fields describe: Qwen3 (q/k norm), Qwen2 (q/k/v biases) or Llama."""
+    """The transformers class our fields describe: Qwen3 (q/k norm), Qwen2 (q/k/v biases) or Llama;
+    ForCausalLM, or ForSequenceClassification for a scalar head (num_labels 1)."""
+    if args.num_labels not in (None, 1):
+        raise ConfigError(f"num_labels {args.num_labels}: only 1 (a scalar score head) has a Hugging Face export")
+    suffix = "ForSequenceClassification" if args.num_labels else "ForCausalLM"
     if args.qk_norm:
         if args.qkv_bias:  # Qwen3's attention_bias would also add an o_proj bias we do not have
             raise ConfigError("a model with both qk_norm and qkv_bias has no Hugging Face class (Qwen3 without "
                               "q/k/v biases, Qwen2 without q/k norm)")
-        return "Qwen3ForCausalLM"
-    return "Qwen2ForCausalLM" if args.qkv_bias else "LlamaForCausalLM"
+        return "Qwen3" + suffix
+    return ("Qwen2" if args.qkv_bias else "Llama") + suffix
 
 
 def hf_key_map(args: ModelArgs) -> Dict[str, str]:
     """Our FQN (as in `Transformer.state_dict()`) → HF tensor name, in HF's order.
 
     With tied embeddings `output.weight` is absent: it is `tok_embeddings.weight`, and HF
-    saves only `model.embed_tokens.weight`."""
+    saves only `model.embed_tokens.weight`. A scalar head (num_labels) is HF's `score.weight`."""
     m = {"tok_embeddings.weight": "model.embed_tokens.weight"}
     layer = dict(_LAYER_MAP, **(_BIAS_MAP if args.qkv_bias else {}), **(_QK_NORM_MAP if args.qk_norm else {}))
     for i in range(args.n_layers):
@@ -76,7 +85,7 @@ def hf_key_map(args: ModelArgs) -> Dict[str, str]:
             m[f"layers.{i}.{ours}"] = f"model.layers.{i}.{hf}"
     m["norm.weight"] = "model.norm.weight"
     if not args.tie_embeddings:
-        m["output.weight"] = "lm_head.weight"
+        m["output.weight"] = "score.weight" if args.num_labels else "lm_head.weight"
     return m
 
 
@@ -170,8 +179,8 @@ def check_hf_dir(path: str, args: ModelArgs) -> Dict[str, str]:
         if hf == "lm_head.weight" and args.tie_embeddings:
             continue  # some tied checkpoints also store the (identical) output matrix
         family = "Qwen3" if args.qk_norm else "Qwen2" if args.qkv_bias else "Llama"
-        raise ConfigError(f"{fp}: unexpected tensor {hf} (not part of a {'tied' if args.tie_embeddings else 'untied'} "
-                          f"{family} model with these sizes)")
+        kind = "scalar-head" if args.num_labels else "tied" if args.tie_embeddings else "untied"
+        raise ConfigError(f"{fp}: unexpected tensor {hf} (not part of a {kind} {family} model with these sizes)")
     return {hf: files[hf] for hf in key_map.values()}
 
 
@@ -304,7 +313,13 @@ def check_init_from(cfg) -> None:
     from elastic.config.init_from import resolve_init_from
 
     src = resolve_init_from(cfg.model.init_from)
-    args = ModelArgs(**resolved_model_dims(cfg))
+    dims = resolved_model_dims(cfg)
+    if dims.get("num_labels") and not src.dims.get("num_labels"):
+        # A new score head on a causal LM's backbone: the source is checked as the causal LM it is
+        # (its vocabulary projection is there, just not used), the backbone's sizes are the same.
+        dims = {**dims, "tie_embeddings": src.dims["tie_embeddings"]}
+        dims.pop("num_labels")
+    args = ModelArgs(**dims)
     if src.kind == "hf":
         try:
             check_hf_dir(src.path, args)
@@ -358,9 +373,15 @@ def hf_config_dict(args: ModelArgs, dtype: torch.dtype, eos_id: Optional[int], p
                    bos_id: Optional[int] = None) -> Dict[str, Any]:
     """config.json for our sizes: Qwen3 with q/k norm, Qwen2 with q/k/v biases, else Llama.
     Written in the form transformers 4.x reads (rope_theta, rope_scaling) and 5.x reads
-    (rope_parameters; it also reads rope_scaling, which then says the same)."""
+    (rope_parameters; it also reads rope_scaling, which then says the same). A scalar head:
+    *ForSequenceClassification with num_labels 1, id2label {"0": "LABEL_0"} and label2id as
+    transformers writes them, and `pad_id` required (transformers finds each row's last
+    non-pad token with it, and refuses batches of more than one row without it)."""
     arch = hf_architecture_for(args)
-    model_type = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}[arch]
+    if args.num_labels and pad_id is None:
+        raise ConfigError(f"{arch} needs a pad_token_id (transformers scores each row at its last non-pad token); "
+                          "the tokenizer has no pad token and no EOS to pad with")
+    model_type = {"Llama": "llama", "Qwen2": "qwen2", "Qwen3": "qwen3"}[arch[:arch.index("For")]]
     scaling = dict(args.rope_scaling) if args.rope_scaling else None
     rope_parameters = {"rope_type": "default", "rope_theta": args.rope_theta} if scaling is None else \
         {**scaling, "rope_theta": args.rope_theta}
@@ -378,11 +399,16 @@ def hf_config_dict(args: ModelArgs, dtype: torch.dtype, eos_id: Optional[int], p
     }
     if scaling is not None:
         cfg["rope_scaling"] = scaling  # 4.x: the scaling without theta (which is top-level there)
-    if arch == "LlamaForCausalLM":
+    if args.num_labels:
+        # transformers derives num_labels from id2label (and writes only the maps); 4.x and 5.x
+        # both accept an agreeing num_labels beside them.
+        labels = {str(i): f"LABEL_{i}" for i in range(args.num_labels)}
+        cfg.update(num_labels=args.num_labels, id2label=labels, label2id={v: int(k) for k, v in labels.items()})
+    if model_type == "llama":
         cfg.update(head_dim=args.head_dim, attention_bias=False, mlp_bias=False, pretraining_tp=1)
     else:
         cfg.update(use_sliding_window=False, sliding_window=None, max_window_layers=args.n_layers)
-        if arch == "Qwen3ForCausalLM":
+        if model_type == "qwen3":
             cfg.update(head_dim=args.head_dim, attention_bias=False)
         elif args.head_dim != args.dim // args.n_heads or args.dim % args.n_heads:
             cfg["head_dim"] = args.head_dim  # Qwen2 reads it when present (hidden / heads otherwise)
@@ -477,12 +503,20 @@ def write_tokenizer(tokenizer_json: str, out_dir: str, model_max_length: int) ->
 
 def save_hf(state: Dict[str, torch.Tensor], args: ModelArgs, out_dir: str, tokenizer_json: str,
             dtype: Optional[torch.dtype] = None, max_shard_bytes: int = MAX_SHARD_BYTES) -> List[str]:
-    """A complete HF directory: weights, config.json, generation_config.json, tokenizer."""
+    """A complete HF directory: weights, config.json, generation_config.json, tokenizer.
+
+    A scalar-head model (reward model, critic) is a *ForSequenceClassification directory and has
+    no generation_config.json; its pad_token_id is the tokenizer's pad token, else its EOS (as
+    training pads: elastic/data/tokenizer.py)."""
     hf_architecture_for(args)  # a model with no HF class fails before anything is written
     os.makedirs(out_dir, exist_ok=True)
     files = save_hf_weights(state, args, out_dir, dtype, max_shard_bytes)
     ids = write_tokenizer(tokenizer_json, out_dir, args.max_seq_len)
     dt = dtype or next(iter(state.values())).dtype
+    if args.num_labels:
+        pad = ids["pad"] if ids["pad"] is not None else ids["eos"]
+        _write_json(os.path.join(out_dir, "config.json"), hf_config_dict(args, dt, ids["eos"], pad, ids["bos"]))
+        return files + ["config.json"] + [f for f in _TOKENIZER_FILES if os.path.isfile(os.path.join(out_dir, f))]
     _write_json(os.path.join(out_dir, "config.json"), hf_config_dict(args, dt, ids["eos"], ids["pad"], ids["bos"]))
     gen = {"bos_token_id": ids["bos"], "eos_token_id": ids["eos"], "pad_token_id": ids["pad"]}
     src_gen = os.path.join(os.path.dirname(os.path.abspath(tokenizer_json)), "generation_config.json")

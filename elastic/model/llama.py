@@ -51,10 +51,16 @@ class ModelArgs:
     # {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
     #  "original_max_position_embeddings"} (Llama 3.1/3.2) or {"rope_type": "linear", "factor"}.
     rope_scaling: Optional[Dict[str, Any]] = None
+    # A scalar head instead of the vocabulary projection (reward models, critics: HF's
+    # *ForSequenceClassification with num_labels=1): `output` is Linear(dim, num_labels, no bias),
+    # never tied, and `forward` returns one score per position. None: a causal LM.
+    num_labels: Optional[int] = None
 
     def __post_init__(self):
         if self.head_dim is None:
             self.head_dim = self.dim // self.n_heads
+        if self.num_labels is not None:
+            self.tie_embeddings = False
 
 
 class RMSNorm(nn.Module):
@@ -190,7 +196,7 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(a.vocab_size, a.dim)
         self.layers = nn.ModuleList([TransformerBlock(a, i) for i in range(a.n_layers)])
         self.norm = RMSNorm(a.dim, a.norm_eps)
-        self.output = nn.Linear(a.dim, a.vocab_size, bias=False)
+        self.output = nn.Linear(a.dim, a.num_labels or a.vocab_size, bias=False)
         self.tie_weights()
         # RoPE table: a plain attribute, not a buffer, so `.to(dtype)`, `to_empty()`, FSDP and
         # state dicts never touch it (Module.to(float32) would cast complex to real); it is

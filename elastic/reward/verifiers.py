@@ -282,6 +282,24 @@ def identities(task: Task, completion: str, spec: RewardSpec) -> Tuple[Optional[
     return tuple(VERIFIERS[k].identity(task, completion, spec) for k in spec.kinds)
 
 
+@register
+class ModelTerm(Verifier):
+    """`model`: a trained reward model's score (elastic/rl/reward_model_service.py). The pool
+    never sees a model: this term is ok with reward 0 here, and the trainer adds weight x score
+    from the reward-model service to the combined reward."""
+
+    name = "model"
+
+    def identity(self, task, completion, spec):
+        return "model"  # the pool's part of the verdict does not depend on the text
+
+    def empty(self, task, settings):
+        return Result(task.id, "ok", 0.0, reason="")
+
+    def evaluate(self, task, completion, env):
+        return Result(task.id, "ok", 0.0, reason="")
+
+
 def combine(task: Task, parts: List[Tuple[str, float, Result]]) -> Result:
     """One Result from each term's (kind, weight, Result); see the module docstring."""
     if len(parts) == 1 and parts[0][1] == 1.0:

@@ -156,6 +156,12 @@ class GRPOJob(Job):
         self.prompt_format: str = rl.prompt_format
         self._initial_eval: Dict[str, Any] = {}
         self.reward = connect(ctx.config["reward_service"])
+        # reward.kind's `model` term: its weight times the reward model's score is added to
+        # what the verifier pool returned (elastic/rl/reward_model_service.py).
+        from elastic.reward.verifiers import parse_kind
+
+        self.rm = ctx.config.get("rm_service")
+        self.rm_weight = dict(parse_kind(cfg.reward.kind)).get("model", 0.0)
         self.run_name = cfg.run.name
         self.N = rl.prompts_per_step * rl.group_size
         self.mine = rank_completions(self.N, rl.minibatches_per_update, ctx.world_size, ctx.rank)
@@ -320,14 +326,17 @@ class GRPOJob(Job):
             got.update(self.reward.results([k for k in keys if k not in got], timeout_s=30.0))
         self._metrics["reward_wait_s"] = time.perf_counter() - t0
         self._metrics["_reward_span_s"] = time.perf_counter() - self._gen_t0
-        mine = [(r.k, float(got[r.key].reward), got[r.key].status, len(r.tokens), r.truncated, got[r.key].speedup)
-                for r in rows]
+        scores = self._rm_scores(rows)
+        mine = [(r.k, float(got[r.key].reward) + self.rm_weight * (float(sc) if sc is not None else 0.0), got[r.key].status,
+                 len(r.tokens), r.truncated, got[r.key].speedup, sc) for r, sc in zip(rows, scores)]
         # Every completion with its verdict, for people reading what the policy writes.
         path = os.path.join(self.ctx.local_dir, ROLLOUTS)
-        for r in rows:
+        for r, sc in zip(rows, scores):
             res = got[r.key]
             append_record(path, {"step": step + 1, "k": r.k, "problem": r.problem, "status": res.status,
-                                 "reward": res.reward, "speedup": res.speedup, "reason": (res.reason or "")[:300],
+                                 "reward": res.reward + self.rm_weight * (sc or 0.0),
+                                 **({"rm_score": sc} if sc is not None else {}),
+                                 "speedup": res.speedup, "reason": (res.reason or "")[:300],
                                  "tokens": len(r.tokens), "truncated": r.truncated, "completion": decode_text(self.tok, r.tokens)})
         parts = self.ctx.comm.all_gather_object(mine)
         everything = sorted((x for p in parts for x in p), key=lambda x: x[0])
@@ -337,6 +346,7 @@ class GRPOJob(Job):
         lengths = np.array([x[3] for x in everything], np.int64)
         trunc = np.array([x[4] for x in everything], bool)
         speedups = [x[5] for x in everything]
+        rm_scores = [x[6] for x in everything if x[6] is not None]
         shaped = raw + overlong_penalty(torch.from_numpy(lengths), torch.from_numpy(trunc), rl.max_new_tokens,
                                         rl.overlong_buffer, rl.overlong_penalty, rl.truncation_penalty).numpy()
         valid = np.array([s != "sandbox_error" for s in statuses])
@@ -366,10 +376,22 @@ class GRPOJob(Job):
             "adv_mean": float(adv[keep].mean()) if keep.any() else 0.0, "adv_std": float(adv[keep].std()) if keep.any() else 0.0,
             "resp_len_mean": float(lengths.mean()), "resp_len_max": int(lengths.max()), "trunc_rate": float(trunc.mean()),
         }
+        if rm_scores:  # the reward model's own score (before its weight), over all N completions
+            m["rm_score_mean"] = float(np.mean(rm_scores))
         for s in STATUS_RATES:
             m[f"{s}_rate"] = float(np.mean([x == s for x in statuses]))
         self._metrics.update(m)
         return StepOutcome(shaped, raw, statuses, lengths, trunc, speedups, keep, adv, zero_var, m)
+
+    def _rm_scores(self, rows: List[Rollout]) -> List[Optional[float]]:
+        """The reward model's score of each of this rank's completions (prompt + completion, the
+        policy's tokens), or None per row without a `model` term. Timed into reward_wait_s."""
+        if self.rm is None:
+            return [None] * len(rows)
+        t0 = time.perf_counter()
+        got = self.rm.score([r.prompt + r.tokens for r in rows])
+        self._metrics["reward_wait_s"] = self._metrics.get("reward_wait_s", 0.0) + time.perf_counter() - t0
+        return [float(x) for x in got]
 
     def _micro_batches(self, rows: List[Rollout], outcome: StepOutcome) -> List[Dict[str, np.ndarray]]:
         out = []

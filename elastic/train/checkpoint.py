@@ -168,12 +168,13 @@ def save_local(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_s
 
 
 def load(path: str, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer],
-         trainable_only: bool = False) -> Dict[str, Any]:
+         trainable_only: bool = False, skip: tuple = ()) -> Dict[str, Any]:
     """Load model (+ optimizer) state from a checkpoint directory at any world size.
 
     `trainable_only` (resuming a LoRA run): only the adapters and the optimizer are read; the
     frozen base was loaded from its own source. Without an optimizer (`model.init_from`), the
-    model's adapter tensors, if any, are not read: a new run's adapters start fresh."""
+    model's adapter tensors, if any, are not read: a new run's adapters start fresh. `skip`:
+    model tensors not read (a scalar head on a causal LM's backbone keeps its own init)."""
     from elastic.model.lora import is_adapter_key
 
     opts = StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
@@ -183,8 +184,8 @@ def load(path: str, model: torch.nn.Module, optimizer: Optional[torch.optim.Opti
     else:
         msd = get_state_dict(model, [])[0]
         adapters = any(is_adapter_key(k) for k in msd)
-        state = {"model": {k: v for k, v in msd.items() if not is_adapter_key(k)}}
-        opts = StateDictOptions(strict=not adapters)
+        state = {"model": {k: v for k, v in msd.items() if not is_adapter_key(k) and k not in skip}}
+        opts = StateDictOptions(strict=not adapters and not skip)
     dcp.load(state, checkpoint_id=path)
     if optimizer is None:
         set_state_dict(model, [], model_state_dict=state["model"], optim_state_dict={}, options=opts)

@@ -18,11 +18,12 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from elastic.model.hf import hf_key_map
 
 
-def load_hf_weights(model: torch.nn.Module, hf_dir: str) -> None:
+def load_hf_weights(model: torch.nn.Module, hf_dir: str, skip: tuple = ()) -> None:
+    """`skip`: our tensor names not read (a new scalar head on a causal LM's backbone)."""
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
     ours = get_model_state_dict(model)
-    keymap = hf_key_map(model.args)
+    keymap = {k: v for k, v in hf_key_map(model.args).items() if k not in skip}
     by_hf = {hf: ours[name] for name, hf in keymap.items() if name in ours}
     try:
         dcp.load(by_hf, storage_reader=HuggingFaceStorageReader(hf_dir))

@@ -135,9 +135,20 @@ def load_initial_weights(model: torch.nn.Module, cfg) -> None:
         load_weights_from(model, src)
 
 
+def new_head(model: torch.nn.Module, src: str) -> bool:
+    """A scalar-head model (reward model, critic) starting from a causal LM: the backbone comes
+    from `src`, the score head keeps its seeded init (the vocabulary projection has no place)."""
+    if not getattr(model.args, "num_labels", None):
+        return False
+    from elastic.config.init_from import resolve_init_from
+
+    return not resolve_init_from(src).dims.get("num_labels")
+
+
 def load_weights_from(model: torch.nn.Module, src: str) -> None:
     from elastic.train import checkpoint as ckpt_lib
 
+    skip = ("output.weight",) if new_head(model, src) else ()
     if os.path.exists(os.path.join(src, ckpt_lib.STATE_FILE)):
         info = ckpt_lib.read_train_state(src).get("lora")
         if info:  # adapters only: the base it was trained on, then W += (alpha / r) B A
@@ -148,11 +159,11 @@ def load_weights_from(model: torch.nn.Module, src: str) -> None:
                 load_weights_from(model, base)
             merge_checkpoint_adapters(model, src, LoRAConfig.from_section(info).scaling)
             return
-        ckpt_lib.load(src, model, None)
+        ckpt_lib.load(src, model, None, skip=skip)
         return
     from elastic.train.hf_load import load_hf_weights
 
-    load_hf_weights(model, src)
+    load_hf_weights(model, src, skip=skip)
 
 
 @torch.no_grad()
