@@ -143,3 +143,140 @@ def test_grpo_with_reward_kind_model(trained):
     bad = dict(o, **{"run.name": "grpo-bad", "reward.model_path": str(base)})
     with pytest.raises(ConfigError, match="not a reward model"):
         run_grpo(load_config(None, [f"{k}={v}" for k, v in bad.items()], job="grpo"), progress=False)
+
+
+# ---- PPO against the reward model: a critic, GAE, KL in the reward; exact resume ----
+
+def _ppo_overrides(tmp, base, rm, name, steps, **extra):
+    tasks = tmp / "prompts.jsonl"
+    if not tasks.exists():
+        tasks.write_text("".join(json.dumps({"task_id": f"p{i}", "prompt": f"is {w} right?"}) + "\n"
+                                 for i, w in enumerate(["alpha", "beta gamma", "ray", "torch delta", "gamma", "delta ray"])))
+    o = {"run.storage_path": str(tmp / "runs"), "run.name": name, "model.init_from": str(base),
+         "reward.kind": "model", "reward.model_path": rm, "rl.algorithm": "ppo", "rl.tasks": str(tasks), "rl.heldout": "[]",
+         "rl.eval_every": 0, "rl.prompts_per_step": 4, "rl.group_size": 1, "rl.max_new_tokens": 8, "rl.micro_batch_size": 2,
+         "rl.updates_per_rollout": 2, "rl.kl_coef": 0.05, "rl.kl_ctl": "adaptive", "rl.kl_target": 0.5,
+         "rl.kl_horizon": 100, "rl.critic_lr": 1e-3, "rl.critic_warmup_steps": 1, "rl.temperature": 1.0,
+         "data.seq_len": 64, "train.steps": steps, "train.lr": 1e-3, "train.warmup_steps": 0,
+         "checkpoint.every_steps": 1, "wandb.mode": "disabled", "reward.num_actors": 1, "data.ledger": "true",
+         "scaling.min_workers": 2, "scaling.max_workers": 2}
+    o.update(extra)
+    return [f"{k}={v}" for k, v in o.items()]
+
+
+PPO_KEYS = ("reward_mean", "rm_score_mean", "value_loss", "policy_loss", "kl_coef", "returns_mean", "values_mean", "loss")
+
+
+def _per_step(run):
+    last = {}
+    for r in read_jsonl(run / "metrics.jsonl"):
+        if "step" in r:
+            last[r["step"]] = r
+    return last
+
+
+@pytest.fixture(scope="module")
+def ppo_ref(trained):
+    from elastic.launch.grpo import run_grpo
+
+    tmp, base, res = trained
+    run = run_grpo(load_config(None, _ppo_overrides(tmp, base, res.checkpoint, "ppo-a", 4), job="grpo"), progress=False)
+    return run
+
+
+def test_ppo_runs_with_a_critic_and_the_kl_in_the_reward(trained, ppo_ref):
+    tmp, base, res = trained
+    assert ppo_ref.checkpoint.endswith("step_00000004")
+    m = _per_step(tmp / "runs" / "ppo-a")
+    assert sorted(m) == [1, 2, 3, 4]
+    for s, r in m.items():
+        assert r["algorithm"] == "ppo" and math.isfinite(r["value_loss"]) and "explained_variance" in r
+        assert r["critic_warmup"] == (s == 1)  # rl.critic_warmup_steps 1: the policy is not trained at step 1
+    assert m[1]["kl_coef"] == pytest.approx(0.05)  # the controller's first value; then it adapts
+    assert m[4]["kl_coef"] != m[1]["kl_coef"]
+    # the checkpoint holds the critic and its optimizer beside the policy, and the controller's state
+    from elastic.model.dcp_io import model_tensor_specs  # noqa: F401
+    import torch.distributed.checkpoint as dcp
+
+    meta = dcp.FileSystemReader(ppo_ref.checkpoint).read_metadata()
+    keys = set(meta.state_dict_metadata)
+    assert any(k.startswith("critic.output.weight") for k in keys) and any(k.startswith("critic_optim.") for k in keys)
+    state = json.loads(open(f"{ppo_ref.checkpoint}/train_state.json").read())
+    assert state["kl_ctl"]["kind"] == "adaptive" and state["kl_ctl"]["value"] == pytest.approx(m[4]["kl_coef"], rel=0.2)
+
+
+def test_ppo_killed_mid_run_resumes_at_another_world_size_with_the_same_values(trained, ppo_ref, tmp_path):
+    """Run B is SIGKILLed (the whole process tree) once checkpoint 2 is registered, then resumed
+    with 1 worker instead of 2: every step's values equal the uninterrupted run A's."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from elastic.launch.grpo import run_grpo
+    from tests.conftest import REPO
+
+    tmp, base, res = trained
+    name = "ppo-b"
+    run = tmp / "runs" / name
+    base_cfg = tmp_path / "defaults.yaml"  # the schema's defaults, as run A's load_config(None, ...)
+    base_cfg.write_text("{}\n")
+    args = [sys.executable, str(REPO / "jobs" / "grpo.py"), "--config", str(base_cfg)]
+    for o in _ppo_overrides(tmp, base, res.checkpoint, name, 4):
+        args += ["--set", o]
+    log = open(tmp_path / "b.log", "w")
+    p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "RAY_ADDRESS": "local"},
+                         start_new_session=True)
+
+    def registered():
+        try:
+            snap = json.loads((run / "checkpoint_manager_snapshot.json").read_text())
+            return (snap.get("latest_checkpoint_result") or {}).get("checkpoint_dir_name")
+        except (OSError, ValueError):
+            return None
+
+    t0 = time.time()
+    while time.time() < t0 + 600:
+        assert p.poll() is None, (tmp_path / "b.log").read_text()[-3000:]
+        if registered() in ("step_00000002", "step_00000003"):
+            break
+        time.sleep(0.3)
+    else:
+        raise AssertionError("checkpoint 2 never registered\n" + (tmp_path / "b.log").read_text()[-3000:])
+    for pid in [p.pid] + [c.pid for c in psutil.Process(p.pid).children(recursive=True)]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    p.wait(timeout=60)
+    resumed_from = registered()
+    run_grpo(load_config(None, _ppo_overrides(tmp, base, res.checkpoint, name, 4,
+                                              **{"scaling.min_workers": 1, "scaling.max_workers": 1}), job="grpo"),
+             progress=False)
+    starts = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "start"]
+    assert starts[-1]["world_size"] == 1 and starts[-1]["resumed_from"].endswith(resumed_from)
+    a, b = _per_step(tmp / "runs" / "ppo-a"), _per_step(run)
+    assert sorted(b) == [1, 2, 3, 4]
+    for s in range(1, 5):
+        for k in PPO_KEYS:
+            assert b[s][k] == pytest.approx(a[s][k], rel=1e-4, abs=1e-6), (s, k, a[s][k], b[s][k])
+    ra = {(r["step"], r["k"]): r["completion"] for r in read_jsonl(tmp / "runs" / "ppo-a" / "rollouts.jsonl")}
+    rb = {(r["step"], r["k"]): r["completion"] for r in read_jsonl(run / "rollouts.jsonl")}
+    assert rb == ra  # the same completions, every step, before and after the resize
+
+
+def test_rlhf_config_errors_are_one_line():
+    for over, msg in ((["rl.algorithm=ppx"], "rl.algorithm: must be grpo|ppo"),
+                      (["rl.group_size=1"], "rl.group_size: must be >= 2 for GRPO"),
+                      (["rl.algorithm=ppo", "rl.group_size=1", "rl.lam=1.5"], "rl.lam: must be in"),
+                      (["rl.algorithm=ppo", "rl.kl_ctl=pid"], "rl.kl_ctl: must be fixed|adaptive"),
+                      (["model.num_labels=2"], "model.num_labels"),
+                      (["reward.model_actors=0"], "reward.model_actors: must be >= 1")):
+        with pytest.raises(ConfigError, match=msg) as e:
+            load_config(None, over, job="grpo")
+        assert "\n" not in str(e.value)
+    cfg = load_config(None, ["rl.algorithm=ppo", "rl.group_size=1", "rl.prompts_per_step=8"], job="grpo")  # PPO needs no group
+    assert cfg.rl.group_size == 1

@@ -90,6 +90,8 @@ def test_parse_kind_and_its_errors():
     assert parse_kind("python_tests") == (("python_tests", 1.0),)
     assert parse_kind("math_answer + 0.1*regex") == (("math_answer", 1.0), ("regex", 0.1))
     assert parse_kind(" 2 * exact_match+-0.5*regex ") == (("exact_match", 2.0), ("regex", -0.5))
+    # a 0 weight keeps a verifier for its verdict only (the reward model's score is the reward)
+    assert parse_kind("model + 0*math_answer") == (("model", 1.0), ("math_answer", 0.0))
     for bad, msg in (("pyhton_tests", "unknown verifier 'pyhton_tests'"), ("", "empty"),
                      ("math_answer + math_answer", "appears twice"), ("0*regex", "non-zero"),
                      ("math_answer * 2", "cannot read")):
@@ -118,6 +120,12 @@ def test_weighted_sum_and_infrastructure_failures():
     parts = [("math_answer", 1.0, Result("t", "ok", 1.0)), ("regex", 0.5, Result("t", "sandbox_error", 0.0, reason="down"))]
     c = combine(t, parts)
     assert c.status == "sandbox_error" and c.reason == "down"
+    # the reward model's term: reward 0 from the pool (the trainer adds weight x score), never the verdict
+    spec = spec_from_section(RewardSection(kind="model + 0*math_answer"))
+    r = score(t, "#### 41", spec, env)
+    assert (r.status, r.reward) == ("wrong_answer", 0.0)
+    r = score(t, "#### 42", spec, env)
+    assert (r.status, r.reward) == ("ok", 0.0)
 
 
 def _fn_env(name, timeout_s=2.0, **kw):

@@ -302,7 +302,19 @@ def _validate_rl(cfg: Config) -> None:
     _check(rl.eval_every >= 0, "rl.eval_every", f"must be >= 0 (0 = off), got {rl.eval_every}")
     _check(rl.eval_every == 0 or bool(rl.heldout) or bool(rl.heldout_tasks), "rl.eval_every",
            f"held-out evaluation every {rl.eval_every} steps needs problems in rl.heldout (empty); set rl.eval_every=0 or hold some out")
-    _check(rl.group_size >= 2, "rl.group_size", f"must be >= 2 (a group is its own baseline), got {rl.group_size}")
+    _check(rl.algorithm in ("grpo", "ppo"), "rl.algorithm", f"must be grpo|ppo, got {rl.algorithm!r}")
+    _check(rl.group_size >= 2 or rl.algorithm == "ppo", "rl.group_size",
+           f"must be >= 2 for GRPO (a group is its own baseline), got {rl.group_size}")
+    if rl.algorithm == "ppo":
+        _check(0 <= rl.gamma <= 1, "rl.gamma", f"must be in [0, 1], got {rl.gamma}")
+        _check(0 <= rl.lam <= 1, "rl.lam", f"must be in [0, 1], got {rl.lam}")
+        _check(rl.critic_lr > 0, "rl.critic_lr", f"must be > 0, got {rl.critic_lr}")
+        _check(rl.cliprange_value > 0, "rl.cliprange_value", f"must be > 0, got {rl.cliprange_value}")
+        _check(rl.vf_coef > 0, "rl.vf_coef", f"must be > 0, got {rl.vf_coef}")
+        _check(rl.critic_warmup_steps >= 0, "rl.critic_warmup_steps", f"must be >= 0, got {rl.critic_warmup_steps}")
+        _check(rl.kl_ctl in ("fixed", "adaptive"), "rl.kl_ctl", f"must be fixed|adaptive, got {rl.kl_ctl!r}")
+        _check(rl.kl_target > 0 and rl.kl_horizon > 0, "rl.kl_target", "kl_target and kl_horizon must be > 0")
+        _check(cfg.model.lora.rank == 0, "model.lora.rank", "PPO with LoRA is not supported yet (the critic is a full model)")
     _check(rl.prompts_per_step >= 1, "rl.prompts_per_step", f"must be >= 1, got {rl.prompts_per_step}")
     _check(rl.max_new_tokens >= 1, "rl.max_new_tokens", f"must be >= 1, got {rl.max_new_tokens}")
     _check(rl.rollout_batch >= 1, "rl.rollout_batch", f"must be >= 1, got {rl.rollout_batch}")

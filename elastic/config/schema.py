@@ -395,6 +395,26 @@ class RLSection:
     # rl.temperature and the unbiased pass@k (Chen et al. 2021) for every k of eval_k <= n.
     eval_samples: int = 1
     eval_k: List[int] = field(default_factory=lambda: [1])
+    # grpo: group-relative advantages. ppo: a critic (a scalar-head model, elastic/rl/ppo.py),
+    # GAE advantages whitened over the step, a clipped value loss, and the KL to the reference
+    # in the reward (token-level, coefficient from rl.kl_ctl); group_size may be 1.
+    algorithm: str = "grpo"
+    gamma: float = 1.0
+    lam: float = 0.95
+    # PPO's critic: initial weights from this model (a reward model's checkpoint or HF directory
+    # keeps its head; a causal LM gets a new score head); empty: reward.model_path if set, else
+    # the policy (model.init_from). Its own AdamW at critic_lr (constant), clipped at train.grad_clip.
+    critic_init: str = ""
+    critic_lr: float = 1.0e-4
+    cliprange_value: float = 0.2
+    vf_coef: float = 1.0
+    # The first N steps train the critic only (the policy's loss is multiplied by 0).
+    critic_warmup_steps: int = 0
+    # KL penalty in PPO's reward: fixed (kl_coef) or adaptive (from kl_coef toward kl_target over
+    # kl_horizon samples, Ziegler et al. 2019); its state is checkpointed.
+    kl_ctl: str = "fixed"
+    kl_target: float = 6.0
+    kl_horizon: int = 10000
 
 
 @dataclass

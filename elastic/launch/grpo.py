@@ -125,9 +125,21 @@ class GRPOLaunch(JobLaunch):
         from elastic.model.hf import check_init_from
 
         self.spec = reward_spec(cfg)
+        # Paths the workers open: absolute, since a worker's working directory is not the driver's.
+        for sec, key in ((cfg.reward, "model_path"), (cfg.rl, "critic_init"), (cfg.model, "init_from")):
+            v = getattr(sec, key)
+            if v and "://" not in v:
+                setattr(sec, key, os.path.abspath(v))
         self.tasks, self.split, self.task_note = plan_tasks(cfg, self.spec)
         tok_path = policy_tokenizer(cfg)
         check_init_from(cfg)  # names and shapes from headers/metadata: one line, before any worker
+        if cfg.rl.algorithm == "ppo":
+            from elastic.rl.ppo import critic_config
+
+            try:
+                check_init_from(critic_config(cfg))
+            except ConfigError as e:
+                raise ConfigError(f"rl.critic_init: {str(e).split(': ', 1)[-1]}") from None
         self.tok = load_or_train(tok_path, "", [], cfg.data.vocab_size)
         keep_tokenizer(tok_path, paths.local_dir)  # the run carries its tokenizer (export, reports)
         self.chat = ChatFormat(chat_template=None if cfg.sft.template == "builtin" else self.tok.chat_template,
@@ -141,9 +153,16 @@ class GRPOLaunch(JobLaunch):
     def describe(self) -> list:
         rl = self.cfg.rl
         what = "problems" if "code_opt" in self.spec.kinds else "tasks"
-        lines = [f"[elastic] GRPO: {len(self.split.train)} training {what}, {len(self.split.heldout)} held out; "
+        algo = "PPO" if rl.algorithm == "ppo" else "GRPO"
+        lines = [f"[elastic] {algo}: {len(self.split.train)} training {what}, {len(self.split.heldout)} held out; "
                  f"{rl.prompts_per_step} prompts x {rl.group_size} samples per step; reward {self.spec.text}; "
                  f"policy from {self.cfg.model.init_from}"]
+        if rl.algorithm == "ppo":
+            from elastic.rl.ppo import critic_config
+
+            lines.append(f"[elastic] critic from {critic_config(self.cfg).model.init_from} (lr {rl.critic_lr:g}, "
+                         f"{rl.critic_warmup_steps} warm-up steps); GAE gamma {rl.gamma:g} lam {rl.lam:g}; KL in the reward: "
+                         + (f"{rl.kl_ctl} from {rl.kl_coef:g}" if rl.kl_coef > 0 else "off"))
         return lines + [f"[elastic] {n}" for n in self.task_note]
 
     def start(self, cfg: Config, paths: RunPaths) -> None:
@@ -155,7 +174,10 @@ class GRPOLaunch(JobLaunch):
 
     def trainer(self, cfg: Config, paths: RunPaths, gpu: bool):
         ids = list(self.split.train) + list(self.split.heldout)
-        return build_torch_trainer(cfg, paths, gpu, grpo_loop_per_worker,
+        loop = grpo_loop_per_worker
+        if cfg.rl.algorithm == "ppo":
+            from elastic.rl.ppo import ppo_loop_per_worker as loop
+        return build_torch_trainer(cfg, paths, gpu, loop,
                                    {"tokenizer_json": self.tok.json, "chat_format": self.chat, "eos_id": self.tok.eos_id,
                                     "reward_service": reward_service_name(cfg), "rm_service": self.rm,
                                     "prompt_texts": {t: self.tasks[t].prompt for t in ids},

@@ -97,11 +97,14 @@ def parse_kind(text: str) -> Tuple[Tuple[str, float], ...]:
         name = m.group(2)
         if name not in VERIFIERS:
             raise ValueError(f"reward.kind: unknown verifier {name!r} (known: {', '.join(sorted(VERIFIERS))})")
-        if not math.isfinite(w) or w == 0:
-            raise ValueError(f"reward.kind: weight of {name!r} must be a finite non-zero number, got {w}")
+        if not math.isfinite(w):
+            raise ValueError(f"reward.kind: weight of {name!r} must be a finite number, got {w}")
         if name in dict(terms):
             raise ValueError(f"reward.kind: {name!r} appears twice in {text!r}")
         terms.append((name, w))
+    if all(w == 0 for _, w in terms):
+        raise ValueError(f"reward.kind: every weight in {text!r} is 0: nothing would be rewarded (a 0 weight keeps a "
+                         "verifier for its verdict only; at least one term needs a non-zero weight)")
     return tuple(terms)
 
 
@@ -304,7 +307,9 @@ def combine(task: Task, parts: List[Tuple[str, float, Result]]) -> Result:
     """One Result from each term's (kind, weight, Result); see the module docstring."""
     if len(parts) == 1 and parts[0][1] == 1.0:
         return parts[0][2]
-    first = parts[0][2]
+    # The verdict (status, reason, speed-up) is the first verifier's; the `model` term has none
+    # (a weight of 0 keeps a verifier for its verdict alone: pass rate and pass@k, no reward).
+    first = next((r for k, _, r in parts if k != "model"), parts[0][2])
     infra = [r for _, _, r in parts if r.status == "sandbox_error"]
     out = Result(task.id, "sandbox_error" if infra else first.status, sum(w * r.reward for _, w, r in parts),
                  reason=(infra[0].reason if infra else first.reason), speedup=first.speedup, language=first.language,

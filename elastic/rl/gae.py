@@ -154,7 +154,7 @@ def token_level_rewards(scores: torch.Tensor, response_mask: torch.Tensor, kl: O
 
 def gae_advantages_returns(token_level_rewards: torch.Tensor, values: torch.Tensor, response_mask: torch.Tensor,
                            gamma: float, lam: float, *,
-                           skip_masked: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
+                           skip_masked: bool = True, whiten: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """``(advantages [B, T], returns [B, T])`` by GAE, verl's ``compute_gae_advantage_return``.
 
     ``token_level_rewards [B, T]`` (:func:`token_level_rewards`), ``values [B, T]`` (the critic's
@@ -163,6 +163,8 @@ def gae_advantages_returns(token_level_rewards: torch.Tensor, values: torch.Tens
     mask (:func:`masked_whiten`, unbiased variance: the mask must hold at least 2 tokens). Both
     are exactly 0 outside the mask. ``skip_masked`` picks the verl version (module doc). Computed
     without grad (inputs are rollout-time tensors). Float32 or wider: the dtype of ``values``.
+    ``whiten=False`` returns the raw advantages (a data-parallel caller whitens with statistics
+    of the whole step, not of its own share).
     """
     if not (token_level_rewards.shape == values.shape == response_mask.shape) or values.dim() != 2:
         raise ValueError(f"gae: rewards, values, mask must all be [B, T], got {tuple(token_level_rewards.shape)}, "
@@ -192,5 +194,7 @@ def gae_advantages_returns(token_level_rewards: torch.Tensor, values: torch.Tens
         zero = torch.zeros((), dtype=v.dtype, device=v.device)
         returns = torch.where(valid, advantages + v, zero)
         mask = response_mask.to(v.dtype)
-        advantages = torch.where(valid, masked_whiten(torch.where(valid, advantages, zero), mask), zero)
+        advantages = torch.where(valid, advantages, zero)
+        if whiten:
+            advantages = torch.where(valid, masked_whiten(advantages, mask), zero)
     return advantages, returns

@@ -167,14 +167,24 @@ def save_local(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_s
     return out
 
 
+def _aux_state(aux: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """DCP entries of a job's own modules (PPO's critic): `<name>` and `<name>_optim`."""
+    out: Dict[str, Any] = {}
+    for name, (m, o) in (aux or {}).items():
+        msd, osd = get_state_dict(m, o)
+        out[name], out[f"{name}_optim"] = msd, osd
+    return out
+
+
 def load(path: str, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer],
-         trainable_only: bool = False, skip: tuple = ()) -> Dict[str, Any]:
+         trainable_only: bool = False, skip: tuple = (), aux: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """Load model (+ optimizer) state from a checkpoint directory at any world size.
 
     `trainable_only` (resuming a LoRA run): only the adapters and the optimizer are read; the
     frozen base was loaded from its own source. Without an optimizer (`model.init_from`), the
     model's adapter tensors, if any, are not read: a new run's adapters start fresh. `skip`:
-    model tensors not read (a scalar head on a causal LM's backbone keeps its own init)."""
+    model tensors not read (a scalar head on a causal LM's backbone keeps its own init).
+    `aux`: a job's own (module, optimizer) pairs by name (PPO's critic), read with the model."""
     from elastic.model.lora import is_adapter_key
 
     opts = StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
@@ -186,7 +196,12 @@ def load(path: str, model: torch.nn.Module, optimizer: Optional[torch.optim.Opti
         adapters = any(is_adapter_key(k) for k in msd)
         state = {"model": {k: v for k, v in msd.items() if not is_adapter_key(k) and k not in skip}}
         opts = StateDictOptions(strict=not adapters and not skip)
+    if optimizer is not None:
+        state.update(_aux_state(aux))
     dcp.load(state, checkpoint_id=path)
+    for name, (m, o) in (aux or {}).items():
+        if optimizer is not None:
+            set_state_dict(m, o, model_state_dict=state[name], optim_state_dict=state[f"{name}_optim"])
     if optimizer is None:
         set_state_dict(model, [], model_state_dict=state["model"], optim_state_dict={}, options=opts)
     else:
@@ -343,20 +358,21 @@ class Checkpointer:
         """Save after 1-based `step`?"""
         return last or step % self.every_steps == 0
 
-    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Optional[TrainState]:
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                aux: Optional[Dict[str, Any]] = None) -> Optional[TrainState]:
         import ray.train
 
         ckpt = ray.train.get_checkpoint()
         if ckpt is None:
             return None
         with ckpt.as_directory() as d:
-            raw = load(d, model, optimizer, self.trainable_only)
+            raw = load(d, model, optimizer, self.trainable_only, aux=aux)
         self.resumed_from = ckpt.path
         return TrainState.from_json(raw, self.job_keys)
 
     # -- saving --------------------------------------------------------------------------------
     def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: TrainState,
-             metrics: Dict[str, Any], final: bool = False) -> Dict[str, float]:
+             metrics: Dict[str, Any], final: bool = False, aux: Optional[Dict[str, Any]] = None) -> Dict[str, float]:
         """Checkpoint `state.step`: wait for (and register) the previous save if it is still in
         flight, copy the state to host memory and start the write in the background (or write
         it here when saves are synchronous). `final` (the invocation's last step): also wait for
@@ -371,7 +387,7 @@ class Checkpointer:
             if self.rank == 0:
                 _write_state_file(out, state.to_json())
             msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=self.trainable_only))
-            sd = {"model": msd, "optim": osd}
+            sd = {"model": msd, "optim": osd, **_aux_state(aux)}
             writer = _Writer(out, fault_delay_s(state.step, self.rank))
             if self.async_save:
                 if self._stager is None:

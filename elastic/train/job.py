@@ -63,6 +63,14 @@ class Job:
     wait_phase: str = "data_wait"  # the name under which the loop times `updates()` producing data
     updates_per_step: int = 1      # optimizer updates per global step (sizes the LR schedule; set in start)
 
+    def build_aux(self, cfg: Any, device: torch.device, param_dtype: torch.dtype) -> Dict[str, Any]:
+        """The job's own trained modules, {name: (module, optimizer)}, built before the
+        checkpoint is restored and saved with the model (PPO's critic). Default: none."""
+        return {}
+
+    def init_aux(self, cfg: Any) -> None:
+        """A fresh run (no checkpoint): give the aux modules their initial weights."""
+
     def start(self, ctx: WorkerContext, state: Dict[str, Any]) -> None:
         raise NotImplementedError
 

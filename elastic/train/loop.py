@@ -227,13 +227,15 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
                         events=os.path.join(records_dir, EVENTS))
     if lora is not None:
         load_initial_weights(model, cfg)
-    state = ckpt.restore(model, opt)
+    job = make_job()
+    aux = job.build_aux(cfg, device, param_dtype)  # a job's own modules (PPO's critic), checkpointed with the model
+    state = ckpt.restore(model, opt, aux)
     if state is None:
         state = TrainState()
         if lora is None:
             load_initial_weights(model, cfg)  # model.init_from, if any (else the seeded init stands)
+        job.init_aux(cfg)
     start_step, counters = state.step, state.counters
-    job = make_job()
     job.start(WorkerContext(cfg, rank, world, device, model, records_dir, config, comm), state.job)
     ups = job.updates_per_step  # optimizer updates per global step (GRPO: several per rollout)
     sched = build_scheduler(opt, t.warmup_steps * ups, t.steps * ups, t.min_lr_ratio)
@@ -348,7 +350,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
                                    world_size=world, info=info)
                 if rank == 0:
                     append_record(events, {"event": "checkpoint_start", "time": time.time(), "step": s1})
-                ckpt_t = ckpt.save(model, opt, state, {"step": s1, "loss": loss}, final=s1 == stop)
+                ckpt_t = ckpt.save(model, opt, state, {"step": s1, "loss": loss}, final=s1 == stop, aux=aux)
             else:  # while a save is writing in the background: register it once every rank is done
                 ckpt_t = ckpt.poll()
             step_s = time.perf_counter() - t0
