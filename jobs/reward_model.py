@@ -4,8 +4,8 @@ Rows `prompt`, `chosen`, `rejected` (text or message lists; JSONL or Parquet; th
 field names, and `reward_model.margin_field` for a per-pair margin) train the starting policy's
 backbone with a new scalar score head (`model.num_labels: 1`) to score chosen above rejected
 (Bradley-Terry), on the same elastic FSDP2 trainer as every other job. With no --config it runs
-jobs/configs/rm-code-opt.yaml: the pairs of the shipped code-optimisation problems, from the
-default SFT policy (trained first when missing). Export with `jobs/export_hf.py` (a Hugging Face
+jobs/configs/rm-math-tasks.yaml: the shipped arithmetic preference pairs (datasets/math-tasks),
+from the math SFT policy (jobs/configs/sft-math-tasks.yaml, trained first when missing). Export with `jobs/export_hf.py` (a Hugging Face
 *ForSequenceClassification directory); serve it to GRPO/PPO with `reward.kind: model`.
 """
 
@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from jobs.post_training import main as post_training_main  # noqa: E402
 
-DEFAULT = os.path.join(HERE, "configs", "rm-code-opt.yaml")
+DEFAULT = os.path.join(HERE, "configs", "rm-math-tasks.yaml")
 
 
 def run(cfg):

@@ -216,6 +216,9 @@ def plot_grpo(run: RunData, out_dir: str, diag: Diagnosis) -> Optional[str]:
     x, y = _series(steps, "reward_mean")
     if len(x):
         a.plot(x, y, lw=1.2, label="reward mean")
+        sx, sy = _series(steps, "rm_score_mean")  # reward.kind model: the reward model's own score
+        if len(sx):
+            a.plot(sx, sy, lw=1, color="tab:purple", label="reward-model score")
         both = [r for r in steps if _num(r.get("reward_mean")) and _num(r.get("reward_std"))]
         if both:
             bx, bm = _series(both, "reward_mean")
@@ -238,10 +241,16 @@ def plot_grpo(run: RunData, out_dir: str, diag: Diagnosis) -> Optional[str]:
     b.legend(loc="best", fontsize=8)
     kx, ky = _series(steps, "kl")
     if len(kx):
-        c.plot(kx, ky, lw=1, color="tab:red")
+        c.plot(kx, ky, lw=1, color="tab:red", label="KL to reference (per token)")
+    px, py = _series(steps, "kl_coef")  # PPO: the controller's coefficient of the KL in the reward
+    if len(px):
+        c2 = c.twinx()
+        c2.plot(px, py, lw=1, ls="--", color="tab:gray", label="kl_coef (PPO)")
+        c2.set_ylabel("kl_coef")
     c.set(xlabel="step", ylabel="KL to reference", title="KL")
     for k, lab in (("entropy", "entropy"), ("clip_frac_low", "clip frac low"), ("clip_frac_high", "clip frac high"),
-                   ("zero_var_frac", "zero-variance groups")):
+                   ("zero_var_frac", "zero-variance groups"), ("value_loss", "value loss (PPO)"),
+                   ("explained_variance", "critic explained variance (PPO)")):
         kx, ky = _series(steps, k)
         if len(kx):
             d.plot(kx, ky, lw=1, label=lab)
