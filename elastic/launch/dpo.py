@@ -105,10 +105,13 @@ class DPOLaunch(JobLaunch):
         lines = [f"[elastic] DPO: {len(tr)} pairs ({tr.tokens()} tokens)"
                  + (f", {len(he)} held out" if he is not None else "")
                  + f"; beta {d.beta:g}, loss {loss}; reference: {ref}; policy from {cfg.model.init_from}"]
-        if self.bad.total:
-            counts = ", ".join(f"{k} {v}" for k, v in sorted(self.bad.counts.items()))
-            lines.append(f"[elastic] preference rows skipped or cut: {self.bad.total} ({counts}); first: {'; '.join(self.bad.examples)}")
-        return lines
+        return lines + self.bad_rows_lines()
+
+    def bad_rows_lines(self) -> list:
+        if not self.bad.total:
+            return []
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(self.bad.counts.items()))
+        return [f"[elastic] preference rows skipped or cut: {self.bad.total} ({counts}); first: {'; '.join(self.bad.examples)}"]
 
     def start(self, cfg: Config, paths: RunPaths) -> None:
         if cfg.dpo.reference == "precomputed":

@@ -40,10 +40,7 @@ class RewardModelLaunch(DPOLaunch):
         lines = [f"[elastic] reward model: {len(tr)} pairs ({tr.tokens()} tokens)"
                  + (f", {len(he)} held out" if he is not None else "")
                  + f"; Bradley-Terry loss{extra}; backbone from {cfg.model.init_from}, new score head"]
-        if self.bad.total:
-            counts = ", ".join(f"{k} {v}" for k, v in sorted(self.bad.counts.items()))
-            lines.append(f"[elastic] preference rows skipped or cut: {self.bad.total} ({counts}); first: {'; '.join(self.bad.examples)}")
-        return lines
+        return lines + self.bad_rows_lines()
 
     def start(self, cfg: Config, paths: RunPaths) -> None:
         pass  # no reference model, nothing to precompute

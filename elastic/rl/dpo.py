@@ -200,9 +200,21 @@ class DPOJob(Job):
         """Held-out pairs (the first `eval.samples`): DPO loss, preference accuracy (margin > 0),
         margin and rewards. Rank r scores pairs r, r+W, ...; ranks with fewer pairs pad with a
         weight-0 pair, so every rank runs the same number of forwards (FSDP gathers per forward)."""
+        total = self.heldout_sums(step, STAT_KEYS)
+        if total is None:
+            return {}
+        res = summarize(total, "heldout_")
+        res = {"heldout_loss": total["loss_sum"] / max(total["pairs"], 1e-12), "heldout_accuracy": res.pop("heldout_reward_accuracy"),
+               **res, "heldout_pairs": int(round(total["pairs"]))}
+        return res
+
+    def heldout_sums(self, step: int, stat_keys: Sequence[str]) -> Optional[Dict[str, float]]:
+        """The loss statistics summed over the first `eval.samples` held-out pairs (all ranks),
+        or None when no evaluation is due. Rank r scores pairs r, r+W, ...; ranks with fewer pad
+        with a weight-0 pair, so every rank runs the same number of forwards (FSDP gathers per forward)."""
         ev, held = self.ctx.cfg.eval, self.heldout
         if held is None or not len(held) or ev.every_steps <= 0 or (step % ev.every_steps and step != self.ctx.cfg.train.steps):
-            return {}
+            return None
         world, rank = self.ctx.world_size, self.ctx.rank
         n = min(len(held), ev.samples)
         per_rank = -(-n // world)
@@ -211,7 +223,7 @@ class DPOJob(Job):
         idx += [0] * (per_rank - len(idx))
         table = self.pre["heldout"] if self.pre is not None else self._heldout_reference(held, n)
         loss_fn = self.loss_fn()
-        sums = {k: 0.0 for k in ("loss_sum",) + STAT_KEYS}
+        sums = {k: 0.0 for k in ("loss_sum",) + tuple(stat_keys)}
         with torch.no_grad():
             for b in self._micro_batches(held, idx, table, weights):
                 self.count_forward((b["doc_ids"] >= 0).sum())
@@ -219,11 +231,7 @@ class DPOJob(Job):
                 for k in sums:
                     sums[k] += float(out.stats[k])
         keys = sorted(sums)
-        total = dict(zip(keys, self.ctx.comm.sum([sums[k] for k in keys])))
-        res = summarize(total, "heldout_")
-        res = {"heldout_loss": total["loss_sum"] / max(total["pairs"], 1e-12), "heldout_accuracy": res.pop("heldout_reward_accuracy"),
-               **res, "heldout_pairs": int(round(total["pairs"]))}
-        return res
+        return dict(zip(keys, self.ctx.comm.sum([sums[k] for k in keys])))
 
     def _heldout_reference(self, held: PairSet, n: int) -> np.ndarray:
         """Σ log π_ref of the first n held-out pairs, [n, 2], computed once (the reference is frozen).

@@ -132,29 +132,10 @@ class RewardModelJob(DPOJob):
         return None
 
     def evaluate(self, step: int) -> Dict[str, Any]:
-        """Held-out pairs (the first `eval.samples`): loss, pairwise accuracy, scores. Rank r
-        scores pairs r, r+W, ...; ranks with fewer pad with a weight-0 pair (equal forwards)."""
-        ev, held = self.ctx.cfg.eval, self.heldout
-        if held is None or not len(held) or ev.every_steps <= 0 or (step % ev.every_steps and step != self.ctx.cfg.train.steps):
+        """Held-out pairs (the first `eval.samples`, DPOJob.heldout_sums): loss, pairwise accuracy, scores."""
+        total = self.heldout_sums(step, STAT_KEYS)
+        if total is None:
             return {}
-        from elastic.train.step import to_device
-
-        world, rank = self.ctx.world_size, self.ctx.rank
-        n = min(len(held), ev.samples)
-        per_rank = -(-n // world)
-        idx = list(range(rank, n, world))
-        weights = [1.0] * len(idx) + [0.0] * (per_rank - len(idx))
-        idx += [0] * (per_rank - len(idx))
-        loss_fn = self.loss_fn()
-        sums = {k: 0.0 for k in ("loss_sum",) + STAT_KEYS}
-        with torch.no_grad():
-            for b in self._micro_batches(held, idx, None, weights):
-                self.count_forward((b["doc_ids"] >= 0).sum())
-                out = loss_fn(self.ctx.model, to_device(b, self.ctx.device))
-                for k in sums:
-                    sums[k] += float(out.stats[k])
-        keys = sorted(sums)
-        total = dict(zip(keys, self.ctx.comm.sum([sums[k] for k in keys])))
         return {"heldout_loss": total["loss_sum"] / max(total["pairs"], 1e-12), **summarize(total, "heldout_"),
                 "heldout_pairs": int(round(total["pairs"]))}
 
