@@ -157,9 +157,8 @@ def prepare(ours: str, theirs: str, what: str, n: int, repeat: int, work: Path) 
     spec = find_spec(ours)
     if spec.num_fewshot and spec.fewshot_sampler != "first_n":
         # lm-eval's MMLU (tasks/mmlu/default/_default_template_yaml) takes the dev split's first
-        # rows in order; the shipped YAML leaves the sampler at its default (random), which over a
-        # 5-row dev file gives each item the same 5 rows in a shuffled order: the same lengths,
-        # not the same text. Both sides here use first_n.
+        # rows in order; the shipped MMLU YAML says first_n too, and a user YAML that left the
+        # sampler at random would give other contexts than lm-eval's: both sides use first_n here.
         spec = dataclasses.replace(spec, fewshot_sampler="first_n")
     docs, _ = read_docs(spec.data, spec)
     docs = docs[:n] if n else docs
