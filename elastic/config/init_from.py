@@ -23,7 +23,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Dict
 
+from elastic.config.build import _build
+from elastic.config.dims import preset_model_dims, with_num_labels
+from elastic.config.errors import ConfigError
 from elastic.config.hf_config import HFConfigError, hf_model_dims, is_hf_dir
+from elastic.config.schema import Config
 
 KEY = "model.init_from"
 
@@ -38,8 +42,6 @@ class InitFrom:
 
 
 def _error(msg: str, key: str = KEY):
-    from elastic.config.load import ConfigError
-
     return ConfigError(f"{key}: {msg}")
 
 
@@ -49,8 +51,6 @@ def resolve_init_from(path: str, key: str = KEY) -> InitFrom:
     try:
         return _resolve(path, ())
     except ValueError as e:  # ConfigError; re-keyed for callers other than the config
-        from elastic.config.load import ConfigError
-
         if isinstance(e, ConfigError) and key != KEY and str(e).startswith(KEY + ": "):
             raise ConfigError(f"{key}: {str(e)[len(KEY) + 2:]}") from None
         raise
@@ -80,9 +80,6 @@ def _resolve(path: str, seen: tuple) -> InitFrom:
 
 
 def _from_checkpoint(step_dir: str, seen: tuple) -> InitFrom:
-    from elastic.config.load import ConfigError, _build, resolved_model_dims
-    from elastic.config.schema import Config
-
     if not os.path.isfile(os.path.join(step_dir, ".metadata")):
         raise _error(f"{step_dir}: no .metadata (not a complete checkpoint)")
     run = os.path.dirname(step_dir)
@@ -101,7 +98,7 @@ def _from_checkpoint(step_dir: str, seen: tuple) -> InitFrom:
         dims, parent_tok = dict(parent.dims), parent.tokenizer
         dims = _apply_explicit(run_cfg, dims, parent.config_path)
     else:
-        dims, parent_tok = resolved_model_dims(run_cfg), ""
+        dims, parent_tok = preset_model_dims(run_cfg), ""
     dims = with_num_labels(dims, run_cfg.model.num_labels)
     dims["max_seq_len"] = run_cfg.data.seq_len
     if run_cfg.data.tokenizer:
@@ -123,21 +120,7 @@ def _apply_explicit(cfg, dims: Dict[str, Any], source: str) -> Dict[str, Any]:
     for f in DIM_FIELDS:
         v = getattr(cfg.model, f)
         if v is not None and v != dims[f]:
-            from elastic.config.load import ConfigError
-
             raise ConfigError(f"model.{f}: {v!r} conflicts with {dims[f]!r} from {source} (model.init_from); leave it unset")
-    return dims
-
-
-def with_num_labels(dims: Dict[str, Any], num_labels: int) -> Dict[str, Any]:
-    """`dims` for a model whose head is `num_labels` (model.num_labels: 0 = causal LM): the key
-    is present (and tie_embeddings false: a score head is never tied) only for a scalar head."""
-    dims = dict(dims)
-    if num_labels:
-        dims["num_labels"] = num_labels
-        dims["tie_embeddings"] = False
-    else:
-        dims.pop("num_labels", None)
     return dims
 
 
@@ -149,8 +132,6 @@ def init_from_dims(cfg) -> Dict[str, Any]:
     src = resolve_init_from(cfg.model.init_from)
     dims = _apply_explicit(cfg, dict(src.dims), src.config_path)
     if src.dims.get("num_labels") and not cfg.model.num_labels:
-        from elastic.config.load import ConfigError
-
         raise ConfigError(f"model.num_labels: 0 (a causal LM) conflicts with {src.dims['num_labels']} from {src.config_path} "
                           "(model.init_from is a scalar-head model: a reward model or critic); set model.num_labels: "
                           f"{src.dims['num_labels']}")
