@@ -189,3 +189,52 @@ def test_stopped_then_relaunched_run(tmp_path):
     run = load_run(str(d), now=t + 5)
     assert run.status.state == "in progress" and run.status.detail.startswith("step 55/100")
     assert len(run.steps) == 55
+
+
+def _loss_wall_time_markers(run_dir: Path, monkeypatch) -> list:
+    """x (minutes) of the dashed failure/resize lines on the loss plot's wall-time panel."""
+    from elastic.report import plots
+    from elastic.report.bottleneck import diagnose
+
+    figs = {}
+    monkeypatch.setattr(plots, "_save", lambda fig, out_dir, name: figs.setdefault(name, fig) and name)
+    run = load_run(str(run_dir))
+    diag = diagnose(run.metrics, run.events, run.recovery, run.config)
+    assert plots.plot_loss(run, str(run_dir), diag) == "loss.png"
+    wall = figs["loss.png"].axes[1]
+    assert wall.get_xlabel() == "wall time (min)"
+    return [ln.get_xdata()[0] for ln in wall.lines if ln.get_linestyle() == "--"]
+
+
+def _with_initial_scheduling(run_dir: Path) -> None:
+    """Prepend what Ray Train's controller writes before the first worker group starts: its
+    state changes and the initial resize decision (the default run's -0.1 min marker)."""
+    ev = run_dir / "events.jsonl"
+    first = json.loads(ev.read_text().splitlines()[0])["time"]
+    head = [{"time": first - 6.0, "event": "controller_state", "from": "InitializingState", "to": "SchedulingState"},
+            {"time": first - 6.0, "event": "resize_decision", "num_workers": 2},
+            {"time": first - 1.0, "event": "controller_state", "from": "SchedulingState", "to": "RunningState"}]
+    ev.write_text("".join(json.dumps(e) + "\n" for e in head) + ev.read_text())
+
+
+def test_loss_plot_marks_only_real_failures_and_resizes(tmp_path, monkeypatch):
+    from elastic.report.plots import restart_marks
+
+    quiet = tmp_path / "quiet"
+    write_run(str(quiet), Sim(steps=60), state="finished")
+    _with_initial_scheduling(quiet)
+    assert restart_marks(load_run(str(quiet))) == []
+    assert _loss_wall_time_markers(quiet, monkeypatch) == []  # no marker at -0.1 min
+
+    eventful = tmp_path / "eventful"
+    write_run(str(eventful), Sim(steps=60, restarts=[(30, "failure", 1)]), state="finished")
+    _with_initial_scheduling(eventful)
+    run = load_run(str(eventful))
+    failure = [e["time"] for e in run.events if e.get("event") == "failure_decision"]
+    resize = [e["time"] for e in run.events if e.get("event") == "resize_decision"][1:]  # after the initial one
+    expected = sorted((t - run.t0) / 60.0 for t in failure + resize)
+    assert len(failure) == 1 and len(resize) == 1 and expected[0] > 0
+    marks = restart_marks(run)
+    assert [k for _, k in marks] == ["failure", "resize"]
+    assert [t for t, _ in marks] == pytest.approx(expected)
+    assert sorted(_loss_wall_time_markers(eventful, monkeypatch)) == pytest.approx(expected)

@@ -56,12 +56,31 @@ def _save(fig: Figure, out_dir: str, name: str) -> str:
     return path
 
 
+def restart_marks(run: RunData) -> List[Tuple[float, str]]:
+    """(minutes since the run's start, "failure" | "resize") of each controller decision that
+    changed a running worker group. The controller's first resize decision after it starts
+    (the initial scheduling of the worker group, before its `start`: -0.1 min on the default
+    run) is no resize and is not marked; nor is a relaunched driver's."""
+    marks: List[Tuple[float, str]] = []
+    running = False  # a worker group has started since the (latest) controller started
+    evs = sorted((e for e in run.events if _num(e.get("time"))), key=lambda e: e["time"])
+    for e in evs:
+        kind = e.get("event")
+        if kind == "controller_state" and e.get("from") == "InitializingState":
+            running = False
+        elif kind == "start":
+            running = True
+        elif kind == "failure_decision" or (kind == "resize_decision" and running):
+            marks.append(((e["time"] - (run.t0 or 0.0)) / 60.0, "failure" if kind == "failure_decision" else "resize"))
+    return marks
+
+
 def _mark_restarts(ax, run: RunData, in_minutes: bool) -> None:
-    """Vertical lines where the controller decided a failure or a resize."""
-    for e in run.events:
-        if e.get("event") in ("failure_decision", "resize_decision") and _num(e.get("time")) and in_minutes:
-            ax.axvline((e["time"] - (run.t0 or 0.0)) / 60.0, color="tab:red" if e["event"] == "failure_decision" else "tab:blue",
-                       ls="--", lw=0.8, alpha=0.7)
+    """Vertical lines where the controller decided a failure or a resize (restart_marks)."""
+    if not in_minutes:
+        return
+    for t, kind in restart_marks(run):
+        ax.axvline(t, color="tab:red" if kind == "failure" else "tab:blue", ls="--", lw=0.8, alpha=0.7)
 
 
 def plot_loss(run: RunData, out_dir: str, diag: Diagnosis) -> Optional[str]:
