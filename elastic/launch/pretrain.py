@@ -342,8 +342,21 @@ class JobLaunch:
 class LMLaunch(JobLaunch):
     """Pretraining and SFT: the packed-sample stream."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, dataset=None):
         self.kind = kind
+        self.dataset = dataset  # a user's ray.data.Dataset (Python API), snapshotted into the run
+
+    def _snapshot_source(self, cfg: Config, paths: RunPaths, say) -> None:
+        """The user's Dataset becomes the run's Parquet source `<run>/source` (executed once, in
+        order: elastic/data/ray_dataset.py); data.source/format/glob then point at it."""
+        from elastic.data.ray_dataset import snapshot_dataset, snapshot_info
+
+        dest = f"{paths.run_dir.rstrip('/')}/source"
+        fresh = snapshot_info(dest) is None
+        rec = snapshot_dataset(self.dataset, dest, cfg.data.text_field)
+        say(f"[elastic] data: ray.data.Dataset {'written' if fresh else 'found'} as {rec['files']} Parquet file(s), "
+            f"{rec['rows']} rows, in {dest} (its order is frozen there: resumes and resizes read the same rows)")
+        cfg.data.source, cfg.data.format, cfg.data.glob = dest, "parquet", "*.parquet"
 
     @property
     def job(self) -> str:  # the config validation's job name is the kind ("pretrain" | "sft")
@@ -354,6 +367,8 @@ class LMLaunch(JobLaunch):
             from elastic.model.hf import check_init_from
 
             check_init_from(cfg)  # names and shapes from headers/metadata: one line, before any worker
+        if self.dataset is not None:
+            self._snapshot_source(cfg, paths, say)
         self.data = plan_data(cfg, paths, self.kind)
         self.eval_tasks = plan_eval_tasks(cfg)
 
@@ -455,6 +470,19 @@ def write_run_report(paths: RunPaths, say) -> Optional[dict]:
     return {"report": path, "bottleneck": diag.name, "evidence": diag.evidence, "lever": diag.lever}
 
 
-def run_pretraining(cfg: Config, kind: str = "pretrain", out: Optional[TextIO] = None, progress: bool = True) -> PretrainResult:
-    """A language-modelling job: kind "pretrain" (text) or "sft" (conversations)."""
-    return run_job(cfg, LMLaunch(kind), out, progress)
+def run_pretraining(cfg: Config, kind: str = "pretrain", out: Optional[TextIO] = None, progress: bool = True,
+                    dataset=None) -> PretrainResult:
+    """A language-modelling job: kind "pretrain" (text) or "sft" (conversations).
+
+    `dataset`: a `ray.data.Dataset` (built by the caller, on the cluster it is connected to)
+    with a string column `data.text_field`, used instead of `data.source`. It is executed once
+    into `<run>/source` and the run trains on that snapshot, so kill/resume and resizes stay
+    exact (elastic/data/ray_dataset.py)."""
+    if dataset is not None:
+        import ray
+
+        if not ray.is_initialized():
+            from elastic.launch.cluster import ClusterError
+
+            raise ClusterError("a ray.data.Dataset source needs the Ray cluster it was built on: call ray.init() first")
+    return run_job(cfg, LMLaunch(kind, dataset), out, progress)
