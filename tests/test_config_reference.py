@@ -40,7 +40,7 @@ def test_every_field_is_listed_with_its_comment():
     assert list(docs) == list(_schema_keys())  # every field, in declaration order
     page = PAGE.read_text(encoding="utf-8")
     for key in docs:
-        assert f'<a id="{key}"></a>`{key}`' in page, key
+        assert f'<a id="{key}"></a>`{key}`' in page, f"{key} is not in docs/config.md; regenerate it: {reference.REGENERATE}"
     b = docs["data.build_ahead"]
     assert (b.type, b.default) == ("int", "2")
     assert b.comment.startswith("Shards tokenized ahead of the train workers' position") and "build_ahead + 1" in b.comment
@@ -59,7 +59,7 @@ def test_command_line_prints_the_reference():
     assert helped.returncode == 0
     for fd in reference.all_fields():
         assert f"  {fd.key}: {fd.type} = {fd.default}" in helped.stdout
-    assert run("reference", "--check").returncode == 0
+    assert run("reference", "--check").returncode == 0, f"docs/config.md is stale; regenerate it: {reference.REGENERATE}"
 
 
 def test_check_reports_a_stale_page(tmp_path):
