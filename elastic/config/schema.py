@@ -460,6 +460,77 @@ class RewardModelSection:
 
 
 @dataclass
+class CurateSection:
+    """Curation (jobs/curate.py, elastic/data/curate, docs/curate.md): raw documents -> curated
+    Parquet (column `text`) that data.source reads, plus a report of what was removed and why."""
+
+    # Raw documents: "stdlib" (the interpreter's standard library sources, one document per
+    # file) or a path / glob / pyarrow filesystem URI of text, JSONL or Parquet files.
+    source: str = "stdlib"
+    # auto | text | jsonl | parquet. auto infers from file extensions.
+    format: str = "auto"
+    # Glob applied when `source` is a directory.
+    glob: str = "**/*"
+    # Field (JSONL) or column (Parquet) holding the document text.
+    text_field: str = "text"
+    # Field or column with a document id ("" or absent: "<file>:<line>", "<file>:row<n>" or "<file>").
+    id_field: str = "id"
+    # Output directory: curated Parquet in <output>/data (use it as data.source, format parquet),
+    # curate_report.json, curate_funnel.png and removed/ beside it. Rerunning resumes.
+    output: str = "runs/curated"
+    # Stages in order; leave one out to skip it. Per-document: unicode, langid, gopher_quality,
+    # gopher_repetition, c4, fineweb, toxicity, pii, perplexity (off by default); global:
+    # exact_dedup, near_dedup (always after the per-document stages).
+    stages: List[str] = field(default_factory=lambda: ["unicode", "langid", "gopher_quality", "gopher_repetition", "c4",
+                                                       "fineweb", "toxicity", "pii", "exact_dedup", "near_dedup"])
+    # Input files are grouped into blocks of about this many MB: the unit of work and of resume.
+    block_mb: float = 8.0
+    # Ray Data actors running the per-document stages (one CPU each).
+    workers: int = 2
+    # langid: languages kept (py3langid codes).
+    languages: List[str] = field(default_factory=lambda: ["en"])
+    # langid: minimum probability of the top language (datatrove's LanguageFilter default).
+    lang_min_score: float = 0.65
+    # Gopher quality threshold overrides by rule name, over the published defaults
+    # (docs/curate.md lists them), e.g. {min_doc_words: 20}.
+    gopher_quality: Dict[str, float] = field(default_factory=dict)
+    # Gopher repetition threshold overrides by rule name, e.g. {dup_line_frac: 0.4}.
+    gopher_repetition: Dict[str, float] = field(default_factory=dict)
+    # C4 rule overrides by name (1/0 for the yes/no rules), e.g. {min_sentences: 3, rewrite_lines: 0}.
+    c4: Dict[str, float] = field(default_factory=dict)
+    # FineWeb threshold overrides by rule name, e.g. {line_punct_ratio: 0.1}.
+    fineweb: Dict[str, float] = field(default_factory=dict)
+    # Single rules turned off, as "<reason prefix>:<rule>", e.g. ["c4:curly_bracket"].
+    skip_rules: List[str] = field(default_factory=list)
+    # toxicity: word list file, one word or phrase per line ("" = the shipped English list).
+    toxic_words: str = ""
+    # toxicity: the largest share of listed words a kept document may have (0 = none at all, as C4).
+    toxic_threshold: float = 0.0
+    # pii: kinds redacted (email, ip, ipv6, phone); redacted, never removed.
+    pii_kinds: List[str] = field(default_factory=lambda: ["email", "ip", "ipv6", "phone"])
+    # pii: leave private and reserved IP addresses alone (datatrove's only_remove_public_ips).
+    pii_public_ips_only: bool = True
+    # near_dedup: words per MinHash shingle (datatrove: 5).
+    minhash_ngram: int = 5
+    # near_dedup: LSH bands; bands x rows permutations (datatrove's 14 x 8 finds pairs above
+    # Jaccard ~0.72 with high probability).
+    minhash_bands: int = 14
+    # near_dedup: permutations per band.
+    minhash_rows: int = 8
+    # near_dedup: seed of the permutation parameters (the same on every worker).
+    minhash_seed: int = 1
+    # perplexity (a hook): "package.module:function", called with perplexity_model, returning a
+    # callable texts -> perplexities.
+    perplexity_scorer: str = ""
+    # perplexity: the model path handed to perplexity_scorer.
+    perplexity_model: str = ""
+    # perplexity: documents above this are removed (0 = score only).
+    perplexity_max: float = 0.0
+    # Removed documents kept as examples per reason in curate_report.json.
+    examples_per_reason: int = 5
+
+
+@dataclass
 class Config:
     run: RunSection = field(default_factory=RunSection)
     data: DataSection = field(default_factory=DataSection)
@@ -474,6 +545,7 @@ class Config:
     rl: RLSection = field(default_factory=RLSection)
     dpo: DPOSection = field(default_factory=DPOSection)
     reward_model: RewardModelSection = field(default_factory=RewardModelSection)
+    curate: CurateSection = field(default_factory=CurateSection)
 
 
 SECTIONS: List[str] = list(Config.__dataclass_fields__)

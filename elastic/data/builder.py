@@ -1,68 +1,134 @@
-"""The store builder: tokenizes and packs each shard once per run, ahead of the readers.
+"""The store builder: tokenizes and packs each shard once per run, ahead of the readers, on a
+Ray Data pipeline.
 
 One builder per run, an actor created by the driver on the driver's node (it lives as long as
 the run's driver; worker-group restarts and resizes do not touch it). Train workers ask it for
 a shard's commit record (`meta`), which it answers from memory, from the cache in storage, or
-by building the shard, and tell it where they are (`ahead`), so it keeps the next
-`data.build_ahead` shards of the stream in flight and no more: tokenization runs ahead of
+by having the shard built, and tell it where they are (`ahead`), so the next
+`data.build_ahead` shards of the stream are built and no more: tokenization runs ahead of
 training by a bounded window (the first step waits for one shard, not for the epoch).
 
-Each build is one Ray task on the cluster's CPUs (`data.tokenize_cpus` each, never the train
-workers' processes) that reads, tokenizes and packs a shard and commits it to the cache
-(elastic/data/store.py). Why plain tasks and not a Ray Data pipeline: a shard's output goes to
-storage, not into a stream, so there is nothing for Ray Data's streaming executor to move
-between stages, and exactly-once needs one scheduler that knows what is built and what is in
-flight, which is this actor. Several readers asking for the same shard share one build.
+The engine is Ray Data. Per plan ("train", "eval") the builder runs one streaming Dataset:
 
-Failures: a build whose worker or node dies is retried (`max_attempts`); a data error (e.g.
-an unreadable file) is not, and reaches the readers as the task's error. If the actor itself
-dies, Ray restarts it and it finds the finished shards in storage. It finds its data plans
-there too: the driver writes them next to the cache (`save_plans`) and hands the actor their
-path, not the plans. A plan is large (every file of the corpus and the tokenizer: 234 KB for
-the stdlib corpus), too large for Ray to inline, and an actor restarted from constructor
-arguments in the object store fails if those are lost (Ray says so on the console when such an
-actor is created, ray-project/ray#53727).
+    from_items(the plan's shards in stream order from the readers' position)
+      -> map_batches(ShardPacker, ActorPoolStrategy(1..build_ahead+1), num_cpus=data.tokenize_cpus)
+      -> iterated by the builder (each output row: a shard's commit record, or its error)
+
+`ShardPacker` is a stateful UDF: each actor loads the plan and its tokenizer once and then
+reads, tokenizes, packs and commits shard after shard into the cache (elastic/data/store.py),
+on the cluster's CPUs (never the train workers' processes). The window is kept by a permit:
+before building a shard the packer asks the builder, which answers "build" once the shard is
+within `build_ahead` of the furthest reader (or a reader is waiting for it), "skip" if it is
+built, in the cache already, or being built by another pipeline. A shard is therefore built
+exactly once however many readers, restarts and pipelines ask for it.
+
+Failures: a packer actor that dies mid-build (its worker or node lost) is restarted by Ray Data
+and its task retried; the retry asks for a permit again and is counted as the shard's next
+attempt (`max_attempts`). A data error (e.g. an unreadable file) is not retried: it reaches the
+readers waiting for that shard as the exception the build raised. If the builder itself dies,
+Ray restarts it and it finds the finished shards in storage. It finds its data plans there too:
+the driver writes them next to the cache (`save_plans`) and hands the actor their path, not the
+plans. A plan is large (every file of the corpus and the tokenizer: 234 KB for the stdlib
+corpus), too large for Ray to inline, and an actor restarted from constructor arguments in the
+object store fails if those are lost (ray-project/ray#53727).
+
+A shard wanted outside a running pipeline's queue (a rebuild after a damaged cache file, a
+retry after a data error, or a reader waiting while every packer waits for a later shard)
+gets a one-shard pipeline of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import logging
 import os
 import pickle
+import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import pyarrow.fs as pafs
 import ray
 
 from elastic.data.cursor import shard_order
-from elastic.data.sources import filesystem_for
+from elastic.data.sources import DataError, filesystem_for
 from elastic.data.store import PLANS_DIR, ShardCache, ShardMeta, shard_key, write_atomic
 
 log = logging.getLogger(__name__)
 
+BUILD, SKIP = "build", "skip"
 
-def _build(plan, cache_root: str, index: int, attempt: int) -> ShardMeta:
-    """Ray task body: read → tokenize → pack → commit the plan's shard `index`; records its
-    own CPU time (process time: the tokenizer's threads included)."""
-    from elastic.data.tokenize import pack_shard
-    from elastic.records import append_record
 
-    cpu0, t0 = time.process_time(), time.time()
-    shard = plan.shards[index]
-    packed = pack_shard(plan, shard)
-    cache = ShardCache(cache_root, plan)
-    build = {"tokenize_cpu_s": time.process_time() - cpu0, "documents": packed.documents}
-    meta = cache.commit(shard, packed.arrays, packed.bad_rows.to_dict(), build, attempt)
-    cpu_s, wall_s = time.process_time() - cpu0, time.time() - t0
-    append_record(cache.builds_log, {"shard_id": shard.shard_id, "key": meta.key, "samples": meta.samples,
-                                     "tokens": meta.tokens, "bytes": meta.bytes, "cpu_s": cpu_s, "wall_s": wall_s,
-                                     "tokenize_cpu_s": build["tokenize_cpu_s"],
-                                     "attempt": attempt, "pid": os.getpid(), "host": meta.build["host"],
-                                     "time": time.time()})
-    return meta
+class ShardPacker:
+    """Ray Data `map_batches` UDF (a stateful actor): read → tokenize → pack → commit shards.
+
+    Input rows: {"name": plan name, "index": index into plan.shards}. Output rows: the same
+    plus "status" (ok | skip | error) and "payload" (the pickled ShardMeta, or the pickled
+    exception). The plans and tokenizers are loaded once per actor."""
+
+    def __init__(self, plans_path: str, cache_root: str, builder, pipeline: int):
+        from elastic.data.tokenizer import from_json
+
+        self.plans = load_plans(plans_path)
+        self.cache_root = cache_root
+        self.caches = {k: ShardCache(cache_root, p) for k, p in self.plans.items()}
+        self.toks = {k: from_json(p.tokenizer.json) for k, p in self.plans.items()}
+        self.builder, self.pipeline = builder, pipeline
+
+    def _build(self, name: str, index: int, attempt: int) -> ShardMeta:
+        from elastic.data.tokenize import pack_shard
+        from elastic.records import append_record
+
+        plan, cache = self.plans[name], self.caches[name]
+        cpu0, t0 = time.process_time(), time.time()
+        shard = plan.shards[index]
+        packed = pack_shard(plan, shard, self.toks[name])
+        build = {"tokenize_cpu_s": time.process_time() - cpu0, "documents": packed.documents}
+        meta = cache.commit(shard, packed.arrays, packed.bad_rows.to_dict(), build, attempt)
+        cpu_s, wall_s = time.process_time() - cpu0, time.time() - t0
+        append_record(cache.builds_log, {"shard_id": shard.shard_id, "key": meta.key, "samples": meta.samples,
+                                         "tokens": meta.tokens, "bytes": meta.bytes, "cpu_s": cpu_s, "wall_s": wall_s,
+                                         "tokenize_cpu_s": build["tokenize_cpu_s"],
+                                         "attempt": attempt, "pid": os.getpid(), "host": meta.build["host"],
+                                         "time": time.time()})
+        return meta
+
+    def __call__(self, batch: Dict[str, Any]) -> Dict[str, Any]:
+        import numpy as np
+
+        out: Dict[str, list] = {"name": [], "index": [], "status": [], "payload": []}
+        for name, index in zip(batch["name"], batch["index"]):
+            name, index = str(name), int(index)
+            decision, attempt = ray.get(self.builder.permit.remote(name, index, self.pipeline))
+            status, payload = "skip", b""
+            if decision == BUILD:
+                try:
+                    status, payload = "ok", pickle.dumps(self._build(name, index, attempt))
+                except Exception as e:  # a data error: reaches the readers of this shard, is not retried
+                    try:
+                        payload = pickle.dumps(e)
+                    except Exception:
+                        payload = pickle.dumps(DataError(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
+                    status = "error"
+            for k, v in (("name", name), ("index", index), ("status", status), ("payload", payload)):
+                out[k].append(v)
+        return {"name": np.array(out["name"], dtype=object), "index": np.array(out["index"], dtype=np.int64),
+                "status": np.array(out["status"], dtype=object), "payload": np.array(out["payload"], dtype=object)}
+
+
+@dataclass
+class _Pipeline:
+    """One running Dataset of the builder: which plan, the shards it was given (in order)."""
+
+    id: int
+    name: str
+    indices: List[int]
+    dispatched: Set[int] = field(default_factory=set)  # asked for a permit at least once
+    waiting: Set[int] = field(default_factory=set)     # blocked in permit right now
+    done: bool = False
 
 
 class StoreBuilder:
@@ -73,99 +139,264 @@ class StoreBuilder:
 
     def __init__(self, plans_path: str, cache_root: str, build_ahead: int = 2, max_attempts: int = 3,
                  task_env: Optional[Dict[str, str]] = None):
+        self.plans_path = plans_path
         plans = self.plans = load_plans(plans_path)
-        self.plan_refs = {k: ray.put(p) for k, p in plans.items()}
         self.caches = {k: ShardCache(cache_root, p) for k, p in plans.items()}
         self.cache_root = cache_root
         self.build_ahead = build_ahead
         self.max_attempts = max_attempts
         self.task_env = dict(task_env or {})
         self.metas: Dict[Tuple[str, int], ShardMeta] = {}
-        self.pending: Dict[Tuple[str, int], asyncio.Task] = {}
-        self.tasks = {k: ray.remote(_build).options(**self._task_options(p)) for k, p in plans.items()}
-        self.stats = {"built": 0, "reused": 0, "rebuilt": 0, "attempts": 0, "failed_attempts": 0}
+        self.futures: Dict[Tuple[str, int], asyncio.Future] = {}
+        self.claims: Dict[Tuple[str, int], int] = {}      # shard -> pipeline building it
+        self.attempts: Dict[Tuple[str, int], int] = {}
+        self.reach: Dict[str, int] = {}                   # furthest stream position + build_ahead
+        self.window: Dict[str, Set[int]] = {}             # shard indices that may be built now
+        self.demand: Dict[Tuple[str, int], int] = {}      # readers waiting in meta()
+        self.pipelines: Dict[int, _Pipeline] = {}
+        self._ids = itertools.count()
+        self._cond: Optional[asyncio.Condition] = None
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self.stats = {"built": 0, "reused": 0, "rebuilt": 0, "attempts": 0, "failed_attempts": 0, "pipelines": 0}
         self.events: List[Dict[str, Any]] = []
 
-    def _task_options(self, plan) -> Dict[str, Any]:
-        # The tokenizer's Rust thread pool would otherwise use every core of the node, over
-        # the CPUs this task reserved (and the train workers' share).
+    # ------------------------------------------------------------ bookkeeping
+
+    def _c(self) -> asyncio.Condition:
+        if self._cond is None:
+            self._cond, self._loop = asyncio.Condition(), asyncio.get_running_loop()
+        return self._cond
+
+    async def _notify(self) -> None:
+        c = self._c()
+        async with c:
+            c.notify_all()
+
+    def _future(self, k: Tuple[str, int]) -> asyncio.Future:
+        f = self.futures.get(k)
+        if f is None or (f.done() and k not in self.metas):  # none yet, or a failed build: ask again
+            self._c()
+            f = self.futures[k] = self._loop.create_future()
+        return f
+
+    def _resolve(self, k: Tuple[str, int], meta: Optional[ShardMeta] = None, error: Optional[BaseException] = None) -> None:
+        """Shard k is built (meta) or failed (error): release its claim and answer its readers."""
+        self.claims.pop(k, None)
+        f = self.futures.get(k)
+        if f is None or f.done():
+            self._c()
+            f = self.futures[k] = self._loop.create_future()
+        if error is not None:
+            f.set_exception(error)
+            f.exception()  # retrieved: a failure nobody waits for yet is not "never retrieved"
+            return
+        self.metas[k] = meta
+        f.set_result(meta)
+
+    def _position_index(self, name: str, pos: int) -> int:
+        plan = self.plans[name]
+        n = plan.num_shards
+        e, p = divmod(pos, n)
+        return int(shard_order(n, e, plan.seed, plan.shuffle)[p])
+
+    def _wanted(self, k: Tuple[str, int]) -> bool:
+        """A reader waits for shard k, or it lies within `build_ahead` of the furthest reader."""
+        return self.demand.get(k, 0) > 0 or k[1] in self.window.get(k[0], ())
+
+    def _set_window(self, name: str) -> None:
+        """The shards at stream positions (reach - num_shards, reach]: in epoch 0 every position
+        up to `build_ahead` past the furthest reader (later epochs find their shards built)."""
+        n, reach = self.plans[name].num_shards, self.reach[name]
+        self.window[name] = {self._position_index(name, q) for q in range(max(0, reach - n + 1), reach + 1)}
+
+    def _covered(self, k: Tuple[str, int]) -> Optional[_Pipeline]:
+        """The live pipeline that will still reach shard k without help, if any."""
+        for p in self.pipelines.values():
+            if p.done or p.name != k[0] or k[1] not in p.indices:
+                continue
+            if k[1] in p.dispatched or not (p.waiting and not any(self._wanted((p.name, i)) for i in p.waiting)):
+                return p
+        return None
+
+    # ------------------------------------------------------------ pipelines
+
+    def _start(self, name: str, indices: List[int]) -> _Pipeline:
+        """Run the shards `indices` (in this order) through a new Ray Data pipeline."""
+        import ray.data
+
+        plan = self.plans[name]
+        pid = next(self._ids)
+        p = self.pipelines[pid] = _Pipeline(pid, name, list(indices))
+        self.stats["pipelines"] += 1
+        ctx = ray.data.DataContext.get_current()
+        ctx.enable_progress_bars = False           # the driver shows its own progress line
+        ctx.print_on_execution_start = False
+        ctx.execution_no_progress_timeout_s = -1   # a pipeline waits on readers as long as training takes
         env = {"RAYON_NUM_THREADS": str(max(1, int(plan.tokenize_cpus))), **self.task_env}
-        return {"num_cpus": plan.tokenize_cpus, "max_retries": 0, "runtime_env": {"env_vars": env}}
+        me = ray.get_runtime_context().current_actor
+        ds = ray.data.from_items([{"name": name, "index": int(i)} for i in indices],
+                                 override_num_blocks=max(1, len(indices)))
+        ds = ds.map_batches(ShardPacker, batch_size=1, batch_format="numpy",
+                            fn_constructor_kwargs={"plans_path": self.plans_path, "cache_root": self.cache_root,
+                                                   "builder": me, "pipeline": pid},
+                            compute=ray.data.ActorPoolStrategy(min_size=1, max_size=max(1, min(len(indices), self.build_ahead + 1)),
+                                                               max_tasks_in_flight_per_actor=1),
+                            num_cpus=plan.tokenize_cpus, runtime_env={"env_vars": env})
+        loop = self._loop
+        threading.Thread(target=self._drain, args=(p, ds, loop), name=f"store-pipeline-{pid}", daemon=True).start()
+        return p
 
-    async def _produce(self, name: str, index: int) -> ShardMeta:
-        plan, cache = self.plans[name], self.caches[name]
-        shard = plan.shards[index]
-        meta, why = await asyncio.to_thread(cache.load, shard)
-        if meta is not None:
-            self.stats["reused"] += 1
-            return meta
-        if why != "not built":
-            self.stats["rebuilt"] += 1
-            self.events.append({"event": "rebuild", "name": name, "shard_id": shard.shard_id, "reason": why,
-                                "time": time.time()})
-            log.warning("cache shard %d (%s) is incomplete: %s; rebuilding", shard.shard_id, shard_key(shard), why)
-            await asyncio.to_thread(cache.discard, shard_key(shard))
-        task = self.tasks[name]
-        last: Optional[BaseException] = None
-        for attempt in range(self.max_attempts):
-            self.stats["attempts"] += 1
-            try:
-                meta = await task.remote(self.plan_refs[name], self.cache_root, index, attempt)
-                self.stats["built"] += 1
-                return meta
-            except ray.exceptions.RayTaskError as e:  # the build itself raised (e.g. unreadable data)
-                raise e.as_instanceof_cause() from None
-            except ray.exceptions.RayError as e:  # its worker or node died: build it again
-                self.stats["failed_attempts"] += 1
-                self.events.append({"event": "build_failed", "name": name, "shard_id": shard.shard_id, "attempt": attempt,
-                                    "error": type(e).__name__, "time": time.time()})
-                last = e
-        raise RuntimeError(f"shard {shard.shard_id}: build failed {self.max_attempts} times ({type(last).__name__})")
+    def _drain(self, p: _Pipeline, ds, loop: asyncio.AbstractEventLoop) -> None:
+        """Iterate the pipeline's output (in a thread: Ray Data's iterator blocks)."""
+        try:
+            for row in ds.iter_rows():
+                asyncio.run_coroutine_threadsafe(self._finished(p, row), loop).result()
+        except BaseException as e:  # the pipeline itself failed (e.g. its actors cannot start)
+            err = e
+            asyncio.run_coroutine_threadsafe(self._pipeline_failed(p, err), loop).result()
+        finally:
+            asyncio.run_coroutine_threadsafe(self._pipeline_done(p), loop).result()
 
-    def _ensure(self, name: str, index: int) -> Optional[asyncio.Task]:
+    async def _finished(self, p: _Pipeline, row: Dict[str, Any]) -> None:
+        k = (str(row["name"]), int(row["index"]))
+        status = row["status"]
+        if status == "ok":
+            self.stats["built"] += 1
+            self._resolve(k, meta=pickle.loads(row["payload"]))
+        elif status == "error":
+            self._resolve(k, error=pickle.loads(row["payload"]))
+        await self._notify()
+
+    async def _pipeline_failed(self, p: _Pipeline, e: BaseException) -> None:
+        log.warning("store pipeline %d (%s) failed: %s", p.id, p.name, e)
+        self.events.append({"event": "pipeline_failed", "name": p.name, "error": f"{type(e).__name__}: {str(e)[:300]}",
+                            "time": time.time()})
+        for i in p.indices:
+            k = (p.name, i)
+            if k not in self.metas and self.claims.get(k, p.id) == p.id:
+                self._resolve(k, error=RuntimeError(f"shard {self.plans[p.name].shards[i].shard_id}: store pipeline failed "
+                                                    f"({type(e).__name__})"))
+
+    async def _pipeline_done(self, p: _Pipeline) -> None:
+        p.done = True
+        self.pipelines.pop(p.id, None)
+        await self._notify()
+
+    def _ensure(self, name: str, index: int) -> Optional[asyncio.Future]:
+        """The future of shard `index`'s commit record (None if known), starting a one-shard
+        pipeline if nothing running will build it."""
         k = (name, index)
         if k in self.metas:
             return None
-        t = self.pending.get(k)
-        if t is None or (t.done() and (t.cancelled() or t.exception() is not None)):
-            t = asyncio.get_running_loop().create_task(self._produce(name, index))
-            t.add_done_callback(lambda t, k=k: self._done(k, t))
-            self.pending[k] = t
-        return t
+        f = self._future(k)
+        if k not in self.claims and self._covered(k) is None:
+            self._start(name, [index])
+        return f
 
-    def _done(self, k: Tuple[str, int], t: asyncio.Task) -> None:
-        if not t.cancelled() and t.exception() is None:
-            self.metas[k] = t.result()
-            self.pending.pop(k, None)
+    async def permit(self, name: str, index: int, pipeline: int) -> Tuple[str, int]:
+        """A packer of `pipeline` is about to build shard `index`: ("build", attempt) once the
+        shard is wanted, ("skip", 0) if someone else has it or it is in the cache."""
+        k = (name, index)
+        p = self.pipelines.get(pipeline)
+        if p is not None:
+            p.dispatched.add(index)
+        if self.claims.get(k) == pipeline:  # our own earlier attempt died with its actor
+            self.stats["failed_attempts"] += 1
+            self.events.append({"event": "build_failed", "name": name, "shard_id": self.plans[name].shards[index].shard_id,
+                                "attempt": self.attempts.get(k, 1) - 1, "error": "packer died", "time": time.time()})
+            if self.attempts.get(k, 0) >= self.max_attempts:
+                self._resolve(k, error=RuntimeError(f"shard {self.plans[name].shards[index].shard_id}: "
+                                                    f"build failed {self.max_attempts} times (packer died)"))
+                return SKIP, 0
+        elif k in self.metas or k in self.claims:
+            return SKIP, 0
+        else:
+            shard = self.plans[name].shards[index]
+            meta, why = await asyncio.to_thread(self.caches[name].load, shard)
+            if meta is not None:
+                self.stats["reused"] += 1
+                self._resolve(k, meta=meta)
+                await self._notify()
+                return SKIP, 0
+            if why != "not built" and k not in self.claims:
+                self.stats["rebuilt"] += 1
+                self.events.append({"event": "rebuild", "name": name, "shard_id": shard.shard_id, "reason": why,
+                                    "time": time.time()})
+                log.warning("cache shard %d (%s) is incomplete: %s; rebuilding", shard.shard_id, shard_key(shard), why)
+                await asyncio.to_thread(self.caches[name].discard, shard_key(shard))
+            c = self._c()
+            if p is not None:
+                p.waiting.add(index)
+            try:
+                async with c:
+                    await c.wait_for(lambda: self._wanted(k) or k in self.metas or k in self.claims)
+            finally:
+                if p is not None:
+                    p.waiting.discard(index)
+            if k in self.metas or k in self.claims:
+                return SKIP, 0
+            self.claims[k] = pipeline
+            await self._notify()  # other pipelines waiting on k now skip it
+        attempt = self.attempts.get(k, 0)
+        self.attempts[k] = attempt + 1
+        self.stats["attempts"] += 1
+        return BUILD, attempt
+
+    # ------------------------------------------------------------ the readers' side
 
     async def meta(self, name: str, index: int) -> ShardMeta:
         """The shard's commit record, once the shard is in the cache."""
-        t = self._ensure(name, index)
-        if t is None:
-            return self.metas[(name, index)]
-        return await asyncio.shield(t)
+        k = (name, index)
+        if k in self.metas:
+            return self.metas[k]
+        self.demand[k] = self.demand.get(k, 0) + 1
+        try:
+            f = self._ensure(name, index)
+            await self._notify()
+            if f is None:
+                return self.metas[k]
+            return await asyncio.shield(f)
+        finally:
+            self.demand[k] -= 1
+            if not self.demand[k]:
+                self.demand.pop(k)
 
     async def ahead(self, name: str, epoch: int, shard_pos: int) -> None:
-        """A reader entered stream position (epoch, shard_pos): keep that shard and the next
-        `build_ahead` in flight (stream order, into the next epoch)."""
+        """A reader entered stream position (epoch, shard_pos): that shard and the next
+        `build_ahead` may be built. The first call per plan starts its stream pipeline."""
         plan = self.plans[name]
         n = plan.num_shards
-        for i in range(self.build_ahead + 1):
-            e, p = divmod(epoch * n + shard_pos + i, n)
-            self._ensure(name, int(shard_order(n, e, plan.seed, plan.shuffle)[p]))
+        pos = epoch * n + shard_pos
+        self._c()
+        reach = max(self.reach.get(name, -1), pos + self.build_ahead)
+        if reach != self.reach.get(name):
+            self.reach[name] = reach
+            self._set_window(name)
+        if not any(p.name == name and not p.done and len(p.indices) > 1 for p in self.pipelines.values()):
+            todo = [self._position_index(name, pos + i) for i in range(n)]
+            todo = [i for i in todo if (name, i) not in self.metas and (name, i) not in self.claims]
+            if todo and (len(todo) > 1 or self._covered((name, todo[0])) is None):
+                for i in todo:
+                    self._future((name, i))
+                self._start(name, todo)
+        await self._notify()
 
     async def rebuild(self, name: str, index: int, reason: str) -> ShardMeta:
         """A reader could not read the shard's file: forget its record and check the cache
         again (an incomplete file is discarded and rebuilt)."""
         self.events.append({"event": "read_failed", "name": name, "shard_id": self.plans[name].shards[index].shard_id,
                             "reason": reason, "time": time.time()})
-        if (name, index) not in self.pending:
-            self.metas.pop((name, index), None)
+        k = (name, index)
+        if k not in self.claims:
+            self.metas.pop(k, None)
+            f = self.futures.get(k)
+            if f is not None and f.done():
+                self.futures.pop(k)
         return await self.meta(name, index)
 
     async def report(self) -> Dict[str, Any]:
-        """Counts (built, reused, rebuilt, attempts), the cache directory and notable events."""
-        return {"stats": dict(self.stats), "in_flight": sum(1 for t in self.pending.values() if not t.done()),
+        """Counts (built, reused, rebuilt, attempts, pipelines), the cache directory and notable events."""
+        return {"stats": dict(self.stats), "in_flight": len(self.claims),
                 "cache": {k: c.uri for k, c in self.caches.items()}, "events": list(self.events)}
 
 

@@ -39,12 +39,13 @@ class PackedShard:
         return int(self.arrays["n_real"].sum())
 
 
-def pack_shard(plan, shard: Shard) -> PackedShard:
+def pack_shard(plan, shard: Shard, tok=None) -> PackedShard:
     """Read, tokenize and pack one shard (`plan`: elastic.data.pipeline.DataPlan). Pretraining
     documents are encoded in one `encode_batch` call and may continue across samples; SFT
-    conversations are rendered, masked to their assistant tokens and never split."""
+    conversations are rendered, masked to their assistant tokens and never split. `tok`: the
+    plan's tokenizer already loaded (a long-lived packer loads it once, not once per shard)."""
     docs, bad = read_shard(shard, plan.text_field, plan.report_bad_rows, plan.chat)
-    tok = from_json(plan.tokenizer.json)
+    tok = tok if tok is not None else from_json(plan.tokenizer.json)
     if plan.chat is None:
         ids = [e.ids for e in tok.encode_batch(docs)] if docs else []
         packed = pack_documents(ids, plan.seq_len, plan.tokenizer.eos_id, plan.tokenizer.pad_id)
