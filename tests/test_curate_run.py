@@ -144,7 +144,7 @@ def test_crash_and_resume_redoes_no_finished_block(first_run, corpus, tmp_path):
     # a finished curation rerun does nothing again; another config on the same output is refused
     again = run_curation(cs, say=lambda s: None)
     assert again.report["resumed"] == {"blocks_done_before": 4, "blocks_run": 0}
-    from elastic.config.errors import ConfigError
+    from elastic.config import ConfigError
 
     with pytest.raises(ConfigError, match="curate.output"):
         run_curation(dataclasses.replace(cs, lang_min_score=0.5), say=lambda s: None)

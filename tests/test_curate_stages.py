@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from elastic.config.errors import ConfigError
+from elastic.config import ConfigError
 from elastic.config.schema import CurateSection
 from elastic.data.curate import STAGES, DocPipeline, check_curate_config
 from elastic.data.curate.c4 import C4Quality

@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from elastic.config.errors import ConfigError
+from elastic.config import ConfigError
 from elastic.data.curate import DocPipeline, check_curate_config, doc_stage_names
 from elastic.data.curate.dedup import exact_duplicates, near_duplicates
 from elastic.data.curate.reader import ROW_BITS, Block, InputFile, plan_blocks, read_block, relative_name

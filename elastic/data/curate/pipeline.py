@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from elastic.config.errors import ConfigError
+from elastic.config import ConfigError
 from elastic.data.curate.base import STAGES, Doc, known_rules
 from elastic.data.curate.dedup import MinHasher, content_hash
 
