@@ -2,8 +2,9 @@
 
 Language ID, Gopher / C4 / FineWeb quality rules, word-list toxicity, PII redaction, exact and
 MinHash near-duplicate removal, on Ray Data (docs/curate.md). With no --config it curates the
-embedded default: the Python standard library's sources into runs/curated. The output's
-data/ directory is a `data.source` for jobs/pretrain.py (format parquet, text_field text).
+embedded default: the docstrings of the Python standard library's modules (English prose, no
+download) into runs/curated. The output's data/ directory is a `data.source` for
+jobs/pretrain.py (format parquet, text_field text).
 Rerunning with the same config resumes: finished blocks are not redone.
 """
 
@@ -20,7 +21,7 @@ from elastic.config import ConfigError, load_config  # noqa: E402
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", help="YAML config with a `curate` section (default: the embedded stdlib default)")
+    ap.add_argument("--config", help="YAML config with a `curate` section (default: the embedded stdlib-docstrings default)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config value, e.g. --set curate.workers=4 (repeatable)")
     args = ap.parse_args(argv)

@@ -100,3 +100,23 @@ def test_eval_throughput_smoke(tmp_path):
     assert rows["hellaswag"]["ratio_no_share"] > 0 and rows["heldout_text"]["ratio_no_share"] is None
     assert res["all_within_tol"] and "max |Δll|" in stdout
     assert not os.path.exists(res["scratch"])  # the model, task files and datasets cache are gone
+
+
+def test_curate_throughput_smoke(tmp_path):
+    """The curation bench runs both pipelines (filters, MinHash dedup) for ours and datatrove on
+    two corpora from 60 stdlib files (source, docstrings) plus planted copies, and writes the
+    per-core ratio its table quotes."""
+    import pytest
+
+    pytest.importorskip("datatrove")
+    stdout, res = _run("curate_throughput.py", tmp_path / "cu.json", timeout=300)
+    rows = {(r["corpus"], r["pipeline"]): r for r in res["results"]}
+    assert set(rows) == {(c, p) for c in ("source", "docstrings") for p in ("filters", "dedup")}
+    assert "ratio = ours/datatrove" in stdout
+    for r in rows.values():
+        assert r["ours"]["docs_in"] == r["datatrove"]["docs_in"] > 30 and r["ratio_docs_per_cpu_s"] > 0
+    # the planted exact copies are gone on both sides
+    for c in ("source", "docstrings"):
+        for side in ("ours", "datatrove"):
+            d = rows[(c, "dedup")][side]
+            assert d["docs_out"] <= d["docs_in"] - res["corpus"][c]["planted_exact"]

@@ -464,9 +464,10 @@ class CurateSection:
     """Curation (jobs/curate.py, elastic/data/curate, docs/curate.md): raw documents -> curated
     Parquet (column `text`) that data.source reads, plus a report of what was removed and why."""
 
-    # Raw documents: "stdlib" (the interpreter's standard library sources, one document per
-    # file) or a path / glob / pyarrow filesystem URI of text, JSONL or Parquet files.
-    source: str = "stdlib"
+    # Raw documents: "stdlib-docstrings" (each standard-library module's docstrings: English
+    # prose, no download), "stdlib" (its source files: code) or a path / glob / pyarrow
+    # filesystem URI of text, JSONL or Parquet files.
+    source: str = "stdlib-docstrings"
     # auto | text | jsonl | parquet. auto infers from file extensions.
     format: str = "auto"
     # Glob applied when `source` is a directory.

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -69,8 +70,11 @@ class CurateResult:
 # ---------------------------------------------------------------- plan
 
 
+STDLIB_DOCSTRINGS = "stdlib-docstrings"
+
+
 def _source_root(source: str) -> str:
-    if source == "stdlib":
+    if source in ("stdlib", STDLIB_DOCSTRINGS):
         return stdlib_source()[0]
     if "://" in source:
         return source.split("://", 1)[1].rstrip("/")
@@ -79,9 +83,13 @@ def _source_root(source: str) -> str:
 
 
 def plan_inputs(cs) -> List[InputFile]:
-    files = resolve_files(cs.source, cs.glob, cs.format)
+    """The sorted input files. "stdlib-docstrings": the standard library's .py files, each read
+    as the document made of its docstrings (format "pydoc")."""
+    pydoc = cs.source == STDLIB_DOCSTRINGS
+    files = resolve_files("stdlib" if pydoc else cs.source, cs.glob, cs.format)
     root = _source_root(cs.source)
-    return [InputFile(i, f.uri, f.format, relative_name(f.path, root), f.size) for i, f in enumerate(files)]
+    return [InputFile(i, f.uri, "pydoc" if pydoc else f.format, relative_name(f.path, root), f.size)
+            for i, f in enumerate(files)]
 
 
 def _fingerprint(cs, files: List[InputFile]) -> str:
@@ -94,11 +102,11 @@ def _fingerprint(cs, files: List[InputFile]) -> str:
 
 
 def _atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write under a temporary name, then rename: a killed process leaves no half file (no
+    fsync: the unit of recovery is a crashed job, not a crashed machine)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -415,12 +423,13 @@ def run_curation(cs, say: Callable[[str], None] = print, stop_after_blocks: Opti
     from elastic.launch.pretrain import worker_env
 
     connect(resolve_cluster(), max(os.cpu_count() or 1, 2), worker_env())
+    logging.getLogger("ray.data").setLevel(logging.ERROR)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     ctx.print_on_execution_start = False
     ctx.verbose_stats_logs = False
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
     if todo:
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")  # max_restarts below
         ds = ray.data.from_items([{"block": _block_to_json(b)} for b in todo], override_num_blocks=len(todo))
         n = min(cs.workers, len(todo))
         ds = ds.map_batches(BlockCurator, fn_constructor_kwargs={"cs": cs, "root": layout.root}, batch_size=1,

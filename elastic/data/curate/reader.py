@@ -60,9 +60,31 @@ def _doc(f: InputFile, row: int, text: str, doc_id, default_id: str) -> dict:
     return {"id": did, "text": text, "order": (f.index << ROW_BITS) | row}
 
 
+def docstrings(source: str) -> str:
+    """A Python module's docstrings (module, classes, functions) in source order, one paragraph
+    each: real English prose from the standard library (source "stdlib-docstrings")."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return ""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            d = ast.get_docstring(node)
+            if d:
+                out.append(d.strip())
+    return "\n\n".join(out)
+
+
 def read_file(f: InputFile, text_field: str, id_field: str, bad: BadRows) -> List[dict]:
     fs, path = filesystem_for(f.uri)
     docs: List[dict] = []
+    if f.format == "pydoc":  # a Python file whose document is its docstrings
+        with fs.open_input_stream(path) as s:
+            text = docstrings(s.read().decode("utf-8", errors="replace"))
+        return [_doc(f, 0, text, None, f.name)] if text.strip() else docs  # no docstrings: no document
     if f.format == "text":
         with fs.open_input_stream(path) as s:
             raw = s.read()
