@@ -260,7 +260,7 @@ def measure_ray(corpus: str, scratch: str, cpus: int) -> Dict[str, float]:
              runtime_env={"env_vars": worker_env()})
     try:
         cs = dataclasses.replace(CurateSection(), source=corpus, glob="*.jsonl", output=os.path.join(scratch, "ray-out"),
-                                 stages=FILTER_STAGES + ["near_dedup"], workers=cpus, block_mb=2.0)
+                                 stages=FILTER_STAGES + ["near_dedup"], workers=cpus, block_mb=0.5)
         res = run_curation(cs, say=lambda s: None)
         r = res.report
         return {"workers": cpus, "docs_in": r["docs_in"], "docs_out": r["docs_out"], "wall_s": res.wall_s,
@@ -299,7 +299,9 @@ def main(argv=None) -> int:
         rows, infos = [], {}
         for kind in CORPORA:
             corpus = os.path.join(scratch, f"corpus-{kind}")
-            info = infos[kind] = build_corpus(corpus, kind, limit, file_mb=1.0 if a.smoke else 8.0)
+            # docstrings: 0.5 MB files, so the --ray row has several blocks for its workers
+            file_mb = 1.0 if a.smoke else (8.0 if kind == "source" else 0.5)
+            info = infos[kind] = build_corpus(corpus, kind, limit, file_mb=file_mb)
             print(f"corpus {kind}: {info['docs']:,} documents ({info['planted_exact']} exact and {info['planted_near']} "
                   f"near copies planted), {info['text_mb']:.1f} MB of text in {info['files']} JSONL files")
             for config in CONFIGS:

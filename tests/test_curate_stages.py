@@ -86,8 +86,13 @@ def test_fineweb_rules():
 
 
 def test_unicode_repair():
-    res = UnicodeRepair()([{"id": "a", "text": "The cafÃ© is open &amp; busy.", "order": 0}])
+    u = UnicodeRepair()
+    res = u([{"id": "a", "text": "The cafÃ© is open &amp; busy.", "order": 0}])
     assert res.kept[0]["text"] == "The café is open & busy." and res.counts["unicode_fixed"] == 1
+    # datatrove's FTFYFormatter settings: quotes and line breaks stay; the ASCII fast path agrees with ftfy
+    assert u.fix("“quoted”\r\nnext") == "“quoted”\r\nnext"
+    for t in ("plain ascii\r\n\tline\f", "esc\x1b[31mred", "ctl\x00\x07\x0b\x7f", "x &amp; y", "a & b"):
+        assert u.fix(t) == u._fix(t, config=u._config), repr(t)
 
 
 def test_langid_german_french_english():
