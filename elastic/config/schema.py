@@ -532,6 +532,61 @@ class CurateSection:
 
 
 @dataclass
+class LadderSection:
+    """Scaling-law ladder (jobs/ladder.py, elastic/launch/ladder.py, docs/ladder.md): a grid of
+    ordinary pretraining runs ("cells") under <run.storage_path>/<run.name>/runs/, each recorded
+    once finished, then Chinchilla's approaches 2 and 3 fitted to their final held-out losses
+    (elastic/scaling). N and FLOPs per token are elastic/model/llama.py flops_per_token's."""
+
+    # isoflop: every size at every FLOP budget in `flops` (tokens = budget / FLOPs per token);
+    # grid: every size at every token count in `tokens`.
+    mode: str = "isoflop"
+    # Model sizes, each a mapping of model fields applied over model.preset: dim, n_layers, n_heads,
+    # and optionally n_kv_heads, ffn_hidden (e.g. {dim: 64, n_layers: 2, n_heads: 4, ffn_hidden: 176}).
+    sizes: List[Dict[str, int]] = field(default_factory=list)
+    # isoflop: training FLOP budgets per cell (FLOPs per token x tokens).
+    flops: List[float] = field(default_factory=list)
+    # grid: training tokens per cell.
+    tokens: List[float] = field(default_factory=list)
+    # isoflop: a size is left out of a budget when it would train on fewer tokens per parameter.
+    min_tokens_per_param: float = 0.0
+    # isoflop: a size is left out of a budget when it would train on more tokens per parameter.
+    max_tokens_per_param: float = 1.0e6
+    # isoflop: a size is left out of a budget when it would train for fewer steps.
+    min_steps: int = 10
+    # N_ref of the per-size rule (OLMo-style): lr = train.lr x (N / ref_params)^lr_exponent and
+    # global batch = train.global_batch_size x (N / ref_params)^batch_exponent sequences.
+    ref_params: float = 1.0e6
+    # Exponent of the learning-rate rule (-1/3: OLMo's ladder).
+    lr_exponent: float = -0.3333333
+    # The rule's learning rate is clipped below at this.
+    lr_min: float = 1.0e-5
+    # The rule's learning rate is clipped above at this.
+    lr_max: float = 1.0e-2
+    # Exponent of the batch rule (2/3: OLMo's ladder; 0: train.global_batch_size for every size);
+    # the batch is rounded to a power of 2 sequences.
+    batch_exponent: float = 0.0
+    # The rule's global batch (sequences) is clipped below at this.
+    batch_min: int = 1
+    # The rule's global batch (sequences) is clipped above at this.
+    batch_max: int = 4096
+    # Warm-up steps as a fraction of each cell's steps (then cosine decay to train.min_lr_ratio).
+    warmup_fraction: float = 0.05
+    # Held out of the fit and predicted from it: the cells of the `holdout` largest budgets
+    # (isoflop) or largest sizes (grid); 0 fits every cell.
+    holdout: int = 1
+    # Cells trained at once; 0 = as many as the cluster holds (its GPUs / scaling.min_workers,
+    # capped by its CPUs / one cell's workers plus two data actors).
+    concurrent: int = 0
+    # Bootstrap resamples of the runs for the confidence intervals (0: no intervals).
+    bootstrap: int = 200
+    # Level of the bootstrap percentile intervals.
+    level: float = 0.95
+    # A 2x2 grid of tiny cells with a few steps each (CI smoke test; replaces sizes, tokens, mode).
+    smoke: bool = False
+
+
+@dataclass
 class Config:
     run: RunSection = field(default_factory=RunSection)
     data: DataSection = field(default_factory=DataSection)
@@ -547,6 +602,7 @@ class Config:
     dpo: DPOSection = field(default_factory=DPOSection)
     reward_model: RewardModelSection = field(default_factory=RewardModelSection)
     curate: CurateSection = field(default_factory=CurateSection)
+    ladder: LadderSection = field(default_factory=LadderSection)
 
 
 SECTIONS: List[str] = list(Config.__dataclass_fields__)
