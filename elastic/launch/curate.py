@@ -210,45 +210,47 @@ def _block_from_json(s: str) -> Block:
 
 
 def run_dedup(cs, layout: Layout, blocks: List[Block]) -> pa.Table:
-    """Global exact + near dedup over the kept documents of every block -> (order, reason, dup_of)."""
+    """Global exact + near dedup over the kept documents of every block -> (order, reason, dup_of).
+
+    Reads only the order, id, hash and band columns; the band keys stay numpy (uint64[n, bands]),
+    so the driver holds ~8 * bands bytes per document plus the exact hashes."""
+    import numpy as np
+
     if os.path.exists(layout.dedup):
         return pq.read_table(layout.dedup)
-    orders: List[int] = []
-    hashes: List[bytes] = []
-    band_rows: List[List[int]] = []
-    band_orders: List[int] = []
-    ids: Dict[int, str] = {}
     want_exact, want_near = "exact_dedup" in cs.stages, "near_dedup" in cs.stages
+    orders, ids, hashes, band_orders, bands = [], [], [], [], []
     for b in blocks:
         t = pq.read_table(layout.block_parquet(b.index), columns=["order", "id", "reason", "content_hash", "bands"])
         t = t.filter(pc.equal(t.column("reason"), ""))
-        o = t.column("order").to_pylist()
-        orders.extend(o)
-        for k, i in zip(o, t.column("id").to_pylist()):
-            ids[k] = i
+        if t.num_rows == 0:
+            continue
+        orders.append(t.column("order").to_numpy())
+        ids.append(t.column("id").combine_chunks())
         if want_exact:
             hashes.extend(t.column("content_hash").to_pylist())
         if want_near:
-            for k, bands in zip(o, t.column("bands").to_pylist()):
-                if bands:
-                    band_orders.append(k)
-                    band_rows.append(bands)
+            bt = t.filter(pc.invert(pc.is_null(t.column("bands"))))
+            if bt.num_rows:
+                flat = pc.list_flatten(bt.column("bands")).to_numpy()
+                bands.append(flat.reshape(bt.num_rows, -1))
+                band_orders.append(bt.column("order").to_numpy())
+    all_orders = np.concatenate(orders) if orders else np.zeros(0, np.int64)  # ascending: input order
     removed: Dict[int, Tuple[str, int]] = {}
-    if want_exact:
-        for k, keep in exact_duplicates(orders, hashes).items():
+    if want_exact and len(all_orders):
+        for k, keep in exact_duplicates(all_orders.tolist(), hashes).items():
             removed[k] = ("exact_dup", keep)
-    if want_near and band_rows:
-        import numpy as np
-
-        live = [i for i, k in enumerate(band_orders) if k not in removed]
-        if live:
-            arr = np.asarray([band_rows[i] for i in live], dtype=np.uint64)
-            for k, keep in near_duplicates([band_orders[i] for i in live], arr).items():
-                removed[k] = ("near_dup", keep)
+    if want_near and bands:
+        bo, ba = np.concatenate(band_orders), np.concatenate(bands)
+        live = ~np.isin(bo, np.fromiter(removed, dtype=np.int64, count=len(removed)))
+        for k, keep in near_duplicates(bo[live], ba[live]).items():
+            removed[k] = ("near_dup", keep)
     ks = sorted(removed)
+    keep_at = np.searchsorted(all_orders, np.asarray([removed[k][1] for k in ks], dtype=np.int64))
+    all_ids = pa.concat_arrays(ids) if ids else pa.array([], pa.string())
     table = pa.table({"order": pa.array(ks, pa.int64()),
                       "reason": pa.array([removed[k][0] for k in ks], pa.string()),
-                      "dup_of": pa.array([ids[removed[k][1]] for k in ks], pa.string())})
+                      "dup_of": all_ids.take(pa.array(keep_at, pa.int64())) if ks else pa.array([], pa.string())})
     _atomic_parquet(layout.dedup, table)
     return table
 
