@@ -131,9 +131,15 @@ class ScalingFit:
     level: float = 0.95
     intervals: Dict[str, List[float]] = field(default_factory=dict)
 
+    def at_bound(self) -> List[str]:
+        """Constants whose log-space parameter ended on a bound of BOUNDS (the data did not pin
+        them down: read their values and intervals as "unconstrained")."""
+        return [k for k, v, (lo, hi) in zip(NAMES, self.theta, BOUNDS) if min(abs(v - lo), abs(v - hi)) < 1e-6]
+
     def to_dict(self) -> dict:
         out = {"constants": self.constants, "objective": self.objective, "runs": self.n_runs,
-               "huber_delta": HUBER_DELTA, "level": self.level, "intervals": self.intervals}
+               "huber_delta": HUBER_DELTA, "level": self.level, "intervals": self.intervals,
+               "at_bound": self.at_bound()}
         if self.samples is not None:
             out["bootstrap_resamples"] = int(len(self.samples))
         return out

@@ -52,8 +52,9 @@ def loss_vs_flops(path: str, recs: Sequence[dict], held: Sequence[str], consts: 
     return path
 
 
-def isoflop_plot(path: str, recs: Sequence[dict], iso) -> str:
-    """Loss vs N per FLOP budget, with the parabolas in ln N and their minima (approach 2)."""
+def isoflop_plot(path: str, recs: Sequence[dict], iso, held: Sequence[str] = ()) -> str:
+    """Loss vs N per FLOP budget, with the parabolas in ln N and their minima (approach 2);
+    budgets of held-out cells are drawn hollow, without a parabola (they are not fitted)."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     budgets = sorted({r["budget"] for r in recs})
@@ -62,7 +63,9 @@ def isoflop_plot(path: str, recs: Sequence[dict], iso) -> str:
     for i, c in enumerate(budgets):
         col = cmap(i / max(1, len(budgets)))
         rs = [r for r in recs if r["budget"] == c]
-        ax.scatter([r["N"] for r in rs], [r["val_loss"] for r in rs], color=col, s=30, label=f"C {c:.3g}", zorder=3)
+        out = all(r["name"] in held for r in rs)
+        ax.scatter([r["N"] for r in rs], [r["val_loss"] for r in rs], color=col, s=30, zorder=3,
+                   facecolors="none" if out else col, label=f"C {c:.3g}" + (" (held out)" if out else ""))
         b = fitted.get(float(c))
         if b:
             ns = np.geomspace(min(r["N"] for r in rs) / 1.5, max(r["N"] for r in rs) * 1.5, 100)
@@ -144,7 +147,7 @@ def write_all(out_dir: str, recs: Sequence[dict], held: Sequence[str], fit, iso,
     level = getattr(fit, "level", 0.95)
     paths = [loss_vs_flops(os.path.join(d, "loss_vs_flops.png"), recs, held, fit.constants)]
     if iso is not None and iso.budgets:
-        paths.append(isoflop_plot(os.path.join(d, "isoflop.png"), recs, iso))
+        paths.append(isoflop_plot(os.path.join(d, "isoflop.png"), recs, iso, held))
     paths.append(frontier_plot(os.path.join(d, "frontier.png"), recs, fit, iso, level))
     held_rows = (res.get("heldout") or {}).get("cells", [])
     paths.append(predicted_vs_actual(os.path.join(d, "predicted_vs_actual.png"), res["approach3"]["residuals"], held_rows))

@@ -121,6 +121,8 @@ def fit_ladder(recs: List[dict], held: Sequence[str], out_dir: str, mode: str = 
 
     console.append(f"[ladder] approach 3 on {len(fit_recs)} cells: E {c['E']:.3g}{ci('E')}, A {c['A']:.3g}{ci('A')}, "
                    f"B {c['B']:.3g}{ci('B')}, alpha {c['alpha']:.3g}{ci('alpha')}, beta {c['beta']:.3g}{ci('beta')}")
+    if f3.at_bound():
+        console.append(f"[ladder] note: {', '.join(f3.at_bound())} ended on the fit's bound (not determined by these cells)")
     ex = res["approach3"]["allocation_exponents"]
     opt = res["approach3"]["optimal"][-1]
     console.append(f"[ladder] compute-optimal: N* ~ C^{ex['a']:.3g}, D* ~ C^{ex['b']:.3g}; at C {opt['C']:.3g}: "
