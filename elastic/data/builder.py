@@ -102,19 +102,23 @@ class ShardPacker:
         out: Dict[str, list] = {"name": [], "index": [], "status": [], "payload": []}
         for name, index in zip(batch["name"], batch["index"]):
             name, index = str(name), int(index)
-            decision, attempt = ray.get(self.builder.permit.remote(name, index, self.pipeline))
-            status, payload = "skip", b""
-            if decision == BUILD:
+            while True:  # the builder may hand this packer a shard a reader waits for first
+                decision, got, attempt = ray.get(self.builder.permit.remote(name, index, self.pipeline))
+                if decision != BUILD:
+                    break
+                gname, gidx = got
                 try:
-                    status, payload = "ok", pickle.dumps(self._build(name, index, attempt))
+                    status, payload = "ok", pickle.dumps(self._build(gname, gidx, attempt))
                 except Exception as e:  # a data error: reaches the readers of this shard, is not retried
                     try:
                         payload = pickle.dumps(e)
                     except Exception:
                         payload = pickle.dumps(DataError(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
                     status = "error"
-            for k, v in (("name", name), ("index", index), ("status", status), ("payload", payload)):
-                out[k].append(v)
+                for k, v in (("name", gname), ("index", gidx), ("status", status), ("payload", payload)):
+                    out[k].append(v)
+                if (gname, gidx) == (name, index):
+                    break
         return {"name": np.array(out["name"], dtype=object), "index": np.array(out["index"], dtype=np.int64),
                 "status": np.array(out["status"], dtype=object), "payload": np.array(out["payload"], dtype=object)}
 
@@ -148,7 +152,8 @@ class StoreBuilder:
         self.task_env = dict(task_env or {})
         self.metas: Dict[Tuple[str, int], ShardMeta] = {}
         self.futures: Dict[Tuple[str, int], asyncio.Future] = {}
-        self.claims: Dict[Tuple[str, int], int] = {}      # shard -> pipeline building it
+        self.claims: Dict[Tuple[str, int], Tuple[int, int]] = {}  # shard -> (pipeline, the input row it serves)
+        self.orphans: List[Tuple[str, int]] = []          # wanted, and no pipeline will reach them unhelped
         self.attempts: Dict[Tuple[str, int], int] = {}
         self.reach: Dict[str, int] = {}                   # furthest stream position + build_ahead
         self.window: Dict[str, Set[int]] = {}             # shard indices that may be built now
@@ -249,8 +254,13 @@ class StoreBuilder:
     def _drain(self, p: _Pipeline, ds, loop: asyncio.AbstractEventLoop) -> None:
         """Iterate the pipeline's output (in a thread: Ray Data's iterator blocks)."""
         try:
-            for row in ds.iter_rows():
-                asyncio.run_coroutine_threadsafe(self._finished(p, row), loop).result()
+            # Block by block, nothing prefetched: with prefetching, Ray Data's iterator holds a
+            # finished shard back until the next one is done too, and the next one may be
+            # waiting for a reader that waits for this one.
+            for b in ds.iter_batches(batch_size=None, prefetch_batches=0, batch_format="numpy"):
+                for j in range(len(b["index"])):
+                    row = {k: b[k][j] for k in ("name", "index", "status", "payload")}
+                    asyncio.run_coroutine_threadsafe(self._finished(p, row), loop).result()
         except BaseException as e:  # the pipeline itself failed (e.g. its actors cannot start)
             err = e
             asyncio.run_coroutine_threadsafe(self._pipeline_failed(p, err), loop).result()
@@ -273,7 +283,7 @@ class StoreBuilder:
                             "time": time.time()})
         for i in p.indices:
             k = (p.name, i)
-            if k not in self.metas and self.claims.get(k, p.id) == p.id:
+            if k not in self.metas and self.claims.get(k, (p.id,))[0] == p.id:
                 self._resolve(k, error=RuntimeError(f"shard {self.plans[p.name].shards[i].shard_id}: store pipeline failed "
                                                     f"({type(e).__name__})"))
 
@@ -282,65 +292,101 @@ class StoreBuilder:
         self.pipelines.pop(p.id, None)
         await self._notify()
 
+    def _tail(self, name: str, index: int) -> List[int]:
+        """Shard `index`, then every other shard of the plan nothing has built or will build, in
+        epoch-0 stream order after it."""
+        n = self.plans[name].num_shards
+        order = [self._position_index(name, q) for q in range(n)]
+        at = order.index(index)
+        rest = [i for i in order[at + 1:] + order[:at]
+                if (name, i) not in self.metas and (name, i) not in self.claims and self._covered((name, i)) is None]
+        return [index] + rest
+
     def _ensure(self, name: str, index: int) -> Optional[asyncio.Future]:
-        """The future of shard `index`'s commit record (None if known), starting a one-shard
-        pipeline if nothing running will build it."""
+        """The future of shard `index`'s commit record (None if known). If nothing running will
+        build it, a waiting packer is handed it, or (no packer waits) a pipeline starts with it."""
         k = (name, index)
         if k in self.metas:
             return None
         f = self._future(k)
-        if k not in self.claims and self._covered(k) is None:
-            self._start(name, [index])
+        if k not in self.claims and k not in self.orphans and self._covered(k) is None:
+            if any(p.waiting for p in self.pipelines.values() if not p.done):
+                self.orphans.append(k)
+            else:
+                self._start(name, self._tail(name, index))
         return f
 
-    async def permit(self, name: str, index: int, pipeline: int) -> Tuple[str, int]:
-        """A packer of `pipeline` is about to build shard `index`: ("build", attempt) once the
-        shard is wanted, ("skip", 0) if someone else has it or it is in the cache."""
+    def _take_orphan(self) -> Optional[Tuple[str, int]]:
+        while self.orphans:
+            k = self.orphans.pop(0)
+            if k not in self.metas and k not in self.claims:
+                return k
+        return None
+
+    async def permit(self, name: str, index: int, pipeline: int) -> Tuple[str, Tuple[str, int], int]:
+        """A packer of `pipeline` is about to build shard `index` (its input row). Answers
+        ("build", shard, attempt): build `shard` (the row's own once it is wanted, or a shard a
+        reader waits for that nothing else will reach), or ("skip", ...) when the row's shard is
+        built, in the cache, or someone else's."""
         k = (name, index)
         p = self.pipelines.get(pipeline)
         if p is not None:
             p.dispatched.add(index)
-        if self.claims.get(k) == pipeline:  # our own earlier attempt died with its actor
+        mine = [s for s, c in self.claims.items() if c == (pipeline, index)]
+        if mine:  # our own earlier attempt died with its actor: this is the retry
+            got = mine[0]
             self.stats["failed_attempts"] += 1
-            self.events.append({"event": "build_failed", "name": name, "shard_id": self.plans[name].shards[index].shard_id,
-                                "attempt": self.attempts.get(k, 1) - 1, "error": "packer died", "time": time.time()})
-            if self.attempts.get(k, 0) >= self.max_attempts:
-                self._resolve(k, error=RuntimeError(f"shard {self.plans[name].shards[index].shard_id}: "
-                                                    f"build failed {self.max_attempts} times (packer died)"))
-                return SKIP, 0
-        elif k in self.metas or k in self.claims:
-            return SKIP, 0
-        else:
-            shard = self.plans[name].shards[index]
-            meta, why = await asyncio.to_thread(self.caches[name].load, shard)
-            if meta is not None:
-                self.stats["reused"] += 1
-                self._resolve(k, meta=meta)
+            self.events.append({"event": "build_failed", "name": got[0], "shard_id": self.plans[got[0]].shards[got[1]].shard_id,
+                                "attempt": self.attempts.get(got, 1) - 1, "error": "packer died", "time": time.time()})
+            if self.attempts.get(got, 0) >= self.max_attempts:
+                self._resolve(got, error=RuntimeError(f"shard {self.plans[got[0]].shards[got[1]].shard_id}: "
+                                                      f"build failed {self.max_attempts} times (packer died)"))
                 await self._notify()
-                return SKIP, 0
-            if why != "not built" and k not in self.claims:
-                self.stats["rebuilt"] += 1
-                self.events.append({"event": "rebuild", "name": name, "shard_id": shard.shard_id, "reason": why,
-                                    "time": time.time()})
-                log.warning("cache shard %d (%s) is incomplete: %s; rebuilding", shard.shard_id, shard_key(shard), why)
-                await asyncio.to_thread(self.caches[name].discard, shard_key(shard))
-            c = self._c()
+                return SKIP, k, 0
+            return self._grant(got, pipeline, index)
+        if k in self.metas or k in self.claims:
+            return SKIP, k, 0
+        shard = self.plans[name].shards[index]
+        meta, why = await asyncio.to_thread(self.caches[name].load, shard)
+        if meta is not None:
+            self.stats["reused"] += 1
+            self._resolve(k, meta=meta)
+            await self._notify()
+            return SKIP, k, 0
+        if why != "not built" and k not in self.claims:
+            self.stats["rebuilt"] += 1
+            self.events.append({"event": "rebuild", "name": name, "shard_id": shard.shard_id, "reason": why,
+                                "time": time.time()})
+            log.warning("cache shard %d (%s) is incomplete: %s; rebuilding", shard.shard_id, shard_key(shard), why)
+            await asyncio.to_thread(self.caches[name].discard, shard_key(shard))
+        c = self._c()
+        if p is not None:
+            p.waiting.add(index)
+        try:
+            async with c:
+                await c.wait_for(lambda: self._wanted(k) or k in self.metas or k in self.claims or bool(self.orphans))
+                if not (self._wanted(k) or k in self.metas or k in self.claims):
+                    orphan = self._take_orphan()
+                    if orphan is not None:
+                        return self._grant(orphan, pipeline, index)
+                    await c.wait_for(lambda: self._wanted(k) or k in self.metas or k in self.claims or bool(self.orphans))
+        finally:
             if p is not None:
-                p.waiting.add(index)
-            try:
-                async with c:
-                    await c.wait_for(lambda: self._wanted(k) or k in self.metas or k in self.claims)
-            finally:
-                if p is not None:
-                    p.waiting.discard(index)
+                p.waiting.discard(index)
+        if k in self.metas or k in self.claims or not self._wanted(k):
             if k in self.metas or k in self.claims:
-                return SKIP, 0
-            self.claims[k] = pipeline
-            await self._notify()  # other pipelines waiting on k now skip it
-        attempt = self.attempts.get(k, 0)
-        self.attempts[k] = attempt + 1
+                return SKIP, k, 0
+            return await self.permit(name, index, pipeline)  # woken for an orphan someone else took
+        out = self._grant(k, pipeline, index)
+        await self._notify()  # other pipelines waiting on k now skip it
+        return out
+
+    def _grant(self, got: Tuple[str, int], pipeline: int, row: int) -> Tuple[str, Tuple[str, int], int]:
+        self.claims[got] = (pipeline, row)
+        attempt = self.attempts.get(got, 0)
+        self.attempts[got] = attempt + 1
         self.stats["attempts"] += 1
-        return BUILD, attempt
+        return BUILD, got, attempt
 
     # ------------------------------------------------------------ the readers' side
 
@@ -372,13 +418,9 @@ class StoreBuilder:
         if reach != self.reach.get(name):
             self.reach[name] = reach
             self._set_window(name)
-        if not any(p.name == name and not p.done and len(p.indices) > 1 for p in self.pipelines.values()):
-            todo = [self._position_index(name, pos + i) for i in range(n)]
-            todo = [i for i in todo if (name, i) not in self.metas and (name, i) not in self.claims]
-            if todo and (len(todo) > 1 or self._covered((name, todo[0])) is None):
-                for i in todo:
-                    self._future((name, i))
-                self._start(name, todo)
+        todo = [self._position_index(name, pos + i) for i in range(min(n, self.build_ahead + 1))]
+        for i in todo:
+            self._ensure(name, i)
         await self._notify()
 
     async def rebuild(self, name: str, index: int, reason: str) -> ShardMeta:
