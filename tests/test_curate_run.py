@@ -62,6 +62,10 @@ def corpus(tmp_path_factory):
     return str(root), kept, removed
 
 
+# 21 kB blocks: the planted files (16, 21, 9 and 9 kB) make 3 blocks, none split.
+BLOCK_MB = 0.021
+
+
 def _cs(src, out, **kw):
     return dataclasses.replace(CurateSection(), source=src, output=str(out), glob="*.jsonl", **kw)
 
@@ -82,7 +86,7 @@ def first_run(ray_local, corpus, tmp_path_factory):
 
     src, _, _ = corpus
     out = tmp_path_factory.mktemp("curate-a")
-    return run_curation(_cs(src, out, workers=1, block_mb=1e-6), say=lambda s: None)
+    return run_curation(_cs(src, out, workers=1, block_mb=BLOCK_MB), say=lambda s: None)
 
 
 def test_each_planted_doc_removed_for_its_reason(first_run, corpus):
@@ -105,8 +109,8 @@ def test_each_planted_doc_removed_for_its_reason(first_run, corpus):
     assert set(rep["examples"]) == set(removed.values())
     assert rep["bytes_out"] < rep["bytes_in"] and rep["docs_per_s"] > 0
     assert os.path.getsize(first_run.funnel_path) > 1000
-    # block 2 (part2.jsonl) holds only planted removals: no data part, its removed part only
-    assert sorted(os.listdir(first_run.data_dir)) == [f"part-{i:05d}.parquet" for i in (0, 1, 3)]
+    assert first_run.report["blocks"] == 3 and sorted(os.listdir(first_run.data_dir)) == [
+        f"part-{i:05d}.parquet" for i in range(3)]
 
 
 def test_same_output_with_other_workers_and_blocks(first_run, corpus, tmp_path):
@@ -114,21 +118,37 @@ def test_same_output_with_other_workers_and_blocks(first_run, corpus, tmp_path):
 
     src, _, _ = corpus
     res = run_curation(_cs(src, tmp_path / "b", workers=2, block_mb=100), say=lambda s: None)
-    assert res.report["blocks"] == 1 and first_run.report["blocks"] == 4
+    assert res.report["blocks"] == 1 and first_run.report["blocks"] == 3
     a, b = read_curated(first_run.data_dir), read_curated(res.data_dir)
     assert a.equals(b)  # same documents, same text, same order
     assert _removed_reasons(first_run.output) == _removed_reasons(res.output)
     # the same blocks at another worker count: the very same bytes
-    res2 = run_curation(_cs(src, tmp_path / "c", workers=2, block_mb=1e-6), say=lambda s: None)
+    res2 = run_curation(_cs(src, tmp_path / "c", workers=2, block_mb=BLOCK_MB), say=lambda s: None)
     for p in sorted(os.listdir(first_run.data_dir)):
         assert open(os.path.join(first_run.data_dir, p), "rb").read() == open(os.path.join(res2.data_dir, p), "rb").read()
+
+
+def test_one_large_file_is_split_into_blocks_with_the_same_output(first_run, corpus, tmp_path):
+    from elastic.launch.curate import read_curated, run_curation
+
+    src, _, _ = corpus
+    one = tmp_path / "one"
+    one.mkdir()
+    with open(one / "all.jsonl", "wb") as out:
+        for n in range(4):
+            out.write(open(os.path.join(src, f"part{n}.jsonl"), "rb").read())
+    res = run_curation(_cs(str(one), tmp_path / "o", workers=2, block_mb=0.01), say=lambda s: None)
+    assert res.report["files"] == 1 and res.report["blocks"] > 4
+    assert read_curated(res.data_dir).equals(read_curated(first_run.data_dir))
+    assert _removed_reasons(res.output) == _removed_reasons(first_run.output)
+    assert "all.jsonl:27" in res.report["bad_rows"]["examples"][0]  # the line in the whole file
 
 
 def test_crash_and_resume_redoes_no_finished_block(first_run, corpus, tmp_path):
     from elastic.launch.curate import Layout, read_curated, run_curation
 
     src, _, _ = corpus
-    cs = _cs(src, tmp_path / "r", workers=2, block_mb=1e-6)
+    cs = _cs(src, tmp_path / "r", workers=2, block_mb=BLOCK_MB)
     with pytest.raises(InterruptedError):
         run_curation(cs, say=lambda s: None, stop_after_blocks=2)
     lay = Layout(cs.output)
@@ -137,13 +157,13 @@ def test_crash_and_resume_redoes_no_finished_block(first_run, corpus, tmp_path):
     stamps = {p: os.stat(os.path.join(lay.blocks, p)).st_mtime_ns for p in done}
     said = []
     res = run_curation(cs, say=said.append)
-    assert res.report["resumed"] == {"blocks_done_before": 2, "blocks_run": 2}
+    assert res.report["resumed"] == {"blocks_done_before": 2, "blocks_run": 1}
     assert "resuming: 2 blocks already done" in said[0]
     assert {p: os.stat(os.path.join(lay.blocks, p)).st_mtime_ns for p in done} == stamps
     assert read_curated(res.data_dir).equals(read_curated(first_run.data_dir))
     # a finished curation rerun does nothing again; another config on the same output is refused
     again = run_curation(cs, say=lambda s: None)
-    assert again.report["resumed"] == {"blocks_done_before": 4, "blocks_run": 0}
+    assert again.report["resumed"] == {"blocks_done_before": 3, "blocks_run": 0}
     from elastic.config import ConfigError
 
     with pytest.raises(ConfigError, match="curate.output"):

@@ -181,3 +181,35 @@ def test_perplexity_hook():
     st = Perplexity(scorer=lambda texts: [float(len(t)) for t in texts], max_perplexity=10)
     res = st([{"id": "a", "text": "short", "order": 0}, {"id": "b", "text": "much longer text", "order": 1}])
     assert [d["id"] for d in res.kept] == ["a"] and res.removed[0][1] == "perplexity"
+
+
+def test_large_files_split_into_blocks_with_whole_file_lines(tmp_path):
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from elastic.data.curate.reader import InputFile, plan_blocks, read_block, read_file
+    from elastic.data.documents import BadRows
+
+    p = tmp_path / "big.jsonl"
+    lines = [json.dumps({"text": f"document number {i} " * (1 + i % 7)}) for i in range(500)]
+    lines[321] = "{broken"
+    p.write_text("\n".join(lines) + "\n")
+    f = InputFile(0, str(p), "jsonl", "big.jsonl", p.stat().st_size)
+    whole_bad, split_bad = BadRows(keep=10), BadRows(keep=10)
+    whole = read_file(f, "text", "id", whole_bad)
+    blocks = plan_blocks([f], 2000)
+    assert len(blocks) > 5 and all(b.files[0].start < b.files[0].end for b in blocks)
+    split = [d for b in blocks for d in read_block(b, "text", "id", split_bad)]
+    assert split == whole and len(whole) == 499
+    assert whole[0]["id"] == "big.jsonl:1" and whole[-1]["id"] == "big.jsonl:500"
+    assert split_bad.examples == whole_bad.examples == ["bad_json at big.jsonl:322 (Expecting property name enclosed in double quotes)"]
+
+    q = tmp_path / "big.parquet"
+    pq.write_table(pa.table({"text": [f"row {i} text" for i in range(400)]}), q, row_group_size=50)
+    g = InputFile(1, str(q), "parquet", "big.parquet", q.stat().st_size)
+    pb = plan_blocks([g], 1)
+    assert len(pb) == 8
+    rows = [d for b in pb for d in read_block(b, "text", "id", BadRows())]
+    assert rows == read_file(g, "text", "id", BadRows()) and rows[399]["id"] == "big.parquet:row399"

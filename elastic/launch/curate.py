@@ -2,8 +2,9 @@
 
 Three steps, each resumable (docs/curate.md):
 
-1. Per-document pass. The input files are grouped into blocks (`curate.block_mb`, a file is
-   never split; the plan depends only on the file list). Ray Data feeds the blocks that have no
+1. Per-document pass. The input files are grouped into blocks (`curate.block_mb`; a larger
+   JSONL file is cut at newlines, a larger Parquet file at row groups; the plan depends only on
+   the files). Ray Data feeds the blocks that have no
    marker yet to a pool of `curate.workers` stateful actors (`map_batches` with a class: the
    language model and word lists load once per actor). An actor reads its block, runs the
    per-document stages, computes each kept document's content hash and MinHash band keys, and

@@ -1,12 +1,15 @@
-"""Read a curation block: whole input files in a fixed order, every document with a stable id
-and its input position, bad rows counted with file:line and skipped (elastic/data/documents.py's
-rules: bad JSON, invalid UTF-8, a missing or non-text field, blank text).
+"""Read a curation block: input files (or pieces of large ones) in a fixed order, every document
+with a stable id and its input position, bad rows counted with file:line and skipped
+(elastic/data/documents.py's rules: bad JSON, invalid UTF-8, a missing or non-text field, blank
+text).
 
-A document's `order` is file_index * 2**32 + row: its place in the whole input, the same
-however the files are grouped into blocks (dedup keeps the smallest order)."""
+A document's `order` is file_index * 2**32 + row (the line of a JSONL file, the row of a
+Parquet file): its place in the whole input, the same however the files are split and grouped
+into blocks (dedup keeps the smallest order)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from typing import List, Tuple
@@ -23,7 +26,13 @@ class InputFile:
     uri: str
     format: str   # text | jsonl | parquet
     name: str     # path relative to the source root (ids and report locations)
-    size: int
+    size: int     # bytes of this piece
+    # A piece of a large file: bytes [start, end) of a JSONL file (cut after a newline), or row
+    # groups [start, end) of a Parquet file; end -1 = to the end. first_row: lines (JSONL) or
+    # rows (Parquet) before the piece, so line numbers and orders are those of the whole file.
+    start: int = 0
+    end: int = -1
+    first_row: int = 0
 
 
 @dataclass(frozen=True)
@@ -36,12 +45,69 @@ class Block:
         return sum(f.size for f in self.files)
 
 
+def _jsonl_pieces(f: InputFile, block_bytes: int) -> List[InputFile]:
+    """Cut a JSONL file after the first newline past every `block_bytes`, counting the lines
+    before each cut (one sequential read on the driver)."""
+    fs, path = filesystem_for(f.uri)
+    cuts: List[Tuple[int, int]] = []  # (byte, lines before it)
+    pos, lines, target = 0, 0, block_bytes
+    with fs.open_input_stream(path) as s:
+        while True:
+            chunk = s.read(1 << 23)
+            if not chunk:
+                break
+            off = 0
+            while pos + len(chunk) > target:
+                k = chunk.find(b"\n", max(off, target - pos))
+                if k < 0:
+                    break
+                lines += chunk.count(b"\n", off, k + 1)
+                off = k + 1
+                cuts.append((pos + off, lines))
+                target = pos + off + block_bytes
+            lines += chunk.count(b"\n", off)
+            pos += len(chunk)
+    bounds = [(0, 0)] + [c for c in cuts if c[0] < pos]
+    out = []
+    for i, (start, before) in enumerate(bounds):
+        end = bounds[i + 1][0] if i + 1 < len(bounds) else pos
+        out.append(dataclasses.replace(f, size=end - start, start=start, end=end, first_row=before))
+    return out
+
+
+def _parquet_pieces(f: InputFile, block_bytes: int) -> List[InputFile]:
+    import pyarrow.parquet as pq
+
+    fs, path = filesystem_for(f.uri)
+    md = pq.ParquetFile(fs.open_input_file(path)).metadata
+    out, start, acc, rows, first = [], 0, 0, 0, 0
+    for rg in range(md.num_row_groups):
+        acc += md.row_group(rg).total_byte_size
+        rows += md.row_group(rg).num_rows
+        if acc >= block_bytes:
+            out.append(dataclasses.replace(f, size=acc, start=start, end=rg + 1, first_row=first))
+            start, acc, first = rg + 1, 0, rows
+    if start < md.num_row_groups:
+        out.append(dataclasses.replace(f, size=acc, start=start, end=md.num_row_groups, first_row=first))
+    return out or [f]
+
+
+def split_file(f: InputFile, block_bytes: int) -> List[InputFile]:
+    """A file larger than a block, as pieces of about `block_bytes` (JSONL by lines, Parquet by
+    row groups); a text file is one document and never split."""
+    if f.size <= block_bytes or f.format not in ("jsonl", "parquet"):
+        return [f]
+    return _jsonl_pieces(f, block_bytes) if f.format == "jsonl" else _parquet_pieces(f, block_bytes)
+
+
 def plan_blocks(files: List[InputFile], block_bytes: int) -> List[Block]:
-    """Consecutive files grouped into blocks of about `block_bytes` (a file is never split)."""
+    """Files (large ones split, see split_file) grouped in order into blocks of about
+    `block_bytes`. Depends only on the file list and sizes (and, for split files, where their
+    newlines or row groups are)."""
     blocks: List[Block] = []
     cur: List[InputFile] = []
     acc = 0
-    for f in files:
+    for f in (p for g in files for p in split_file(g, block_bytes)):
         if cur and acc + f.size > block_bytes:
             blocks.append(Block(len(blocks), tuple(cur)))
             cur, acc = [], 0
@@ -98,9 +164,10 @@ def read_file(f: InputFile, text_field: str, id_field: str, bad: BadRows) -> Lis
             return docs
         return [_doc(f, 0, text, None, f.name)]
     if f.format == "jsonl":
-        with fs.open_input_stream(path) as s:
-            data = s.read()
-        for line_no, raw in enumerate(data.split(b"\n"), start=1):
+        with fs.open_input_file(path) as s:
+            s.seek(f.start)
+            data = s.read() if f.end < 0 else s.read(f.end - f.start)
+        for line_no, raw in enumerate(data.split(b"\n"), start=f.first_row + 1):
             where = f"{f.name}:{line_no}"
             obj = json_row(raw, where, bad)
             if obj is NOT_A_ROW:
@@ -121,8 +188,8 @@ def read_file(f: InputFile, text_field: str, id_field: str, bad: BadRows) -> Lis
             bad.add("missing_field", f"{f.name} (no column {text_field!r})")
             return docs
         cols = [text_field] + ([id_field] if id_field and id_field in names else [])
-        row = 0
-        for rg in range(pf.num_row_groups):
+        row = f.first_row
+        for rg in range(f.start, pf.num_row_groups if f.end < 0 else f.end):
             t = pf.read_row_group(rg, columns=cols)
             texts = t.column(0).to_pylist()
             ids = t.column(1).to_pylist() if len(cols) > 1 else [None] * len(texts)
