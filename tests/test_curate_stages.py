@@ -124,7 +124,12 @@ def test_pii_redaction_counts_and_placeholders():
     assert "192.168.1.10" not in PIIRedaction(public_ips_only=False).redact("at 192.168.1.10 now")[0]
 
 
-def test_toxicity_threshold():
+def test_toxicity_threshold(tmp_path):
+    own = tmp_path / "words.txt"
+    own.write_text("# my list\ngarden\nbad phrase\n")
+    assert reason(Toxicity(words_file=str(own)), prose(1)) == "toxic"  # "garden" is on this list
+    assert reason(Toxicity(words_file=str(own)), "A bad phrase here.") == "toxic"
+    assert reason(Toxicity(words_file=str(own)), "What the fuck.") is None
     t = Toxicity()
     assert reason(t, prose(1)) is None
     assert reason(t, prose(1) + " What the fuck.") == "toxic"

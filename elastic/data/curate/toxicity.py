@@ -1,17 +1,16 @@
 """Word-list toxicity filter: a document is removed ("toxic") when the share of its words that
 are on the list exceeds `curate.toxic_threshold` (0: any listed word, as C4's bad-words rule).
-The shipped list (badwords_en.txt) is a short English profanity/slur list in the spirit of
+The shipped list (badwords_en.py) is a short English profanity/slur list in the spirit of
 LDNOOBW; `curate.toxic_words` points at another file (one word or phrase per line)."""
 
 from __future__ import annotations
 
-import os
 import re
 from typing import FrozenSet
 
+from elastic.data.curate.badwords_en import WORDS
 from elastic.data.curate.base import Stage, StageResult, register
 
-DEFAULT_LIST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "badwords_en.txt")
 _WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 
 
@@ -26,8 +25,8 @@ class Toxicity(Stage):
 
     def __init__(self, cfg=None, words_file=None, threshold=None):
         super().__init__(cfg)
-        path = words_file or getattr(cfg, "toxic_words", "") or DEFAULT_LIST
-        words = load_words(path)
+        path = words_file or getattr(cfg, "toxic_words", "")
+        words = load_words(path) if path else frozenset(w.strip().lower() for w in WORDS if w.strip())
         self.words = frozenset(w for w in words if " " not in w)
         self.phrases = tuple(w for w in words if " " in w)
         self.threshold = float(threshold if threshold is not None else getattr(cfg, "toxic_threshold", 0.0))
