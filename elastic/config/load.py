@@ -99,6 +99,9 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(d.shard_mb > 0, "data.shard_mb", f"must be > 0, got {d.shard_mb}")
     _check(d.tokenize_cpus > 0, "data.tokenize_cpus", f"must be > 0, got {d.tokenize_cpus}")
     _check(d.build_ahead >= 0, "data.build_ahead", f"must be >= 0, got {d.build_ahead}")
+    _check(d.tokenize_actors >= 1, "data.tokenize_actors", f"must be >= 1, got {d.tokenize_actors}")
+    bad = {k: w for k, w in d.mixture.items() if not w > 0}
+    _check(not bad, "data.mixture", f"weights must be > 0, got {bad}")
     _check(d.prefetch_steps >= 0, "data.prefetch_steps", f"must be >= 0, got {d.prefetch_steps}")
     _check(m.preset in PRESETS, "model.preset", f"unknown preset {m.preset!r} (known: {', '.join(PRESETS)})")
     _check(m.attention in ATTENTION_BACKENDS, "model.attention", f"must be one of {'|'.join(ATTENTION_BACKENDS)}, got {m.attention!r}")

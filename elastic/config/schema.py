@@ -49,13 +49,21 @@ class DataSection:
     # Shuffle the order of shards each epoch, and of samples within each shard (deterministic
     # in run.seed, the epoch and the shard).
     shuffle: bool = True
-    # CPUs reserved by each tokenize+pack Ray task (the store builder runs one per shard, once
-    # per run; the packed samples are cached under <run dir>/cache/).
+    # A weighted mixture of sources instead of `source`, e.g. {"/data/web": 0.7, "/data/code":
+    # 0.2, "stdlib": 0.1}: each global step takes floor-rounded cumulative shares of its batch
+    # from each source, exact at every step and across resumes and resizes (elastic/data/mixture.py).
+    # Each source is read with `format`, `glob` and `text_field`; one tokenizer serves all.
+    mixture: Dict[str, float] = field(default_factory=dict)
+    # CPUs reserved by each tokenize+pack actor of the store builder's Ray Data pipeline (each
+    # shard is packed once per run; the packed samples are cached under <run dir>/cache/).
     tokenize_cpus: float = 1.0
     # Shards tokenized ahead of the train workers' position (a bounded window: the cache never
-    # has to hold the corpus before training starts). It also caps concurrent tokenize tasks at
-    # build_ahead + 1: raise it when the trainers consume shards faster than one task builds one.
+    # has to hold the corpus before training starts).
     build_ahead: int = 2
+    # Tokenize+pack actors per pipeline of the store builder (one pipeline for the training
+    # stream, one per mixture source, one for the held-out plan while it is being built). Each
+    # holds tokenize_cpus while its pipeline runs; more of them pack shards side by side.
+    tokenize_actors: int = 1
     # Global batches each train worker reads ahead of the one it trains on.
     prefetch_steps: int = 2
     # How many malformed rows are reported verbatim (all are counted).

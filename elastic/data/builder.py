@@ -11,12 +11,16 @@ training by a bounded window (the first step waits for one shard, not for the ep
 The engine is Ray Data. Per plan ("train", "eval") the builder runs one streaming Dataset:
 
     from_items(the plan's shards in stream order from the readers' position)
-      -> map_batches(ShardPacker, ActorPoolStrategy(1..build_ahead+1), num_cpus=data.tokenize_cpus)
+      -> map_batches(ShardPacker, ActorPoolStrategy(size=data.tokenize_actors), num_cpus=data.tokenize_cpus)
       -> iterated by the builder (each output row: a shard's commit record, or its error)
 
 `ShardPacker` is a stateful UDF: each actor loads the plan and its tokenizer once and then
 reads, tokenizes, packs and commits shard after shard into the cache (elastic/data/store.py),
-on the cluster's CPUs (never the train workers' processes). The window is kept by a permit:
+on the cluster's CPUs (never the train workers' processes). The pool has a fixed size: a
+packer holds its `tokenize_cpus` while its pipeline runs (also while it waits for the readers),
+and an autoscaling pool would take the CPUs the train workers are about to ask for. A pipeline
+ends, and gives its CPUs back, once every shard it was given is built (the stream's after
+epoch 0, the held-out plan's after the first evaluation). The window is kept by a permit:
 before building a shard the packer asks the builder, which answers "build" once the shard is
 within `build_ahead` of the furthest reader (or a reader is waiting for it), "skip" if it is
 built, in the cache already, or being built by another pipeline. A shard is therefore built
@@ -142,8 +146,9 @@ class StoreBuilder:
     plan cut from the training plan)."""
 
     def __init__(self, plans_path: str, cache_root: str, build_ahead: int = 2, max_attempts: int = 3,
-                 task_env: Optional[Dict[str, str]] = None):
+                 task_env: Optional[Dict[str, str]] = None, actors: int = 1):
         self.plans_path = plans_path
+        self.actors = max(1, int(actors))
         plans = self.plans = load_plans(plans_path)
         self.caches = {k: ShardCache(cache_root, p) for k, p in plans.items()}
         self.cache_root = cache_root
@@ -161,6 +166,7 @@ class StoreBuilder:
         self.pipelines: Dict[int, _Pipeline] = {}
         self._ids = itertools.count()
         self._cond: Optional[asyncio.Condition] = None
+        self.closing = False
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self.stats = {"built": 0, "reused": 0, "rebuilt": 0, "attempts": 0, "failed_attempts": 0, "pipelines": 0}
         self.events: List[Dict[str, Any]] = []
@@ -244,7 +250,7 @@ class StoreBuilder:
         ds = ds.map_batches(ShardPacker, batch_size=1, batch_format="numpy",
                             fn_constructor_kwargs={"plans_path": self.plans_path, "cache_root": self.cache_root,
                                                    "builder": me, "pipeline": pid},
-                            compute=ray.data.ActorPoolStrategy(min_size=1, max_size=max(1, min(len(indices), self.build_ahead + 1)),
+                            compute=ray.data.ActorPoolStrategy(size=max(1, min(len(indices), self.actors)),
                                                                max_tasks_in_flight_per_actor=1),
                             num_cpus=plan.tokenize_cpus, runtime_env={"env_vars": env})
         loop = self._loop
@@ -329,6 +335,8 @@ class StoreBuilder:
         reader waits for that nothing else will reach), or ("skip", ...) when the row's shard is
         built, in the cache, or someone else's."""
         k = (name, index)
+        if self.closing:
+            return SKIP, k, 0
         p = self.pipelines.get(pipeline)
         if p is not None:
             p.dispatched.add(index)
@@ -364,12 +372,16 @@ class StoreBuilder:
             p.waiting.add(index)
         try:
             async with c:
-                await c.wait_for(lambda: self._wanted(k) or k in self.metas or k in self.claims or bool(self.orphans))
+                await c.wait_for(lambda: self._wanted(k) or k in self.metas or k in self.claims or bool(self.orphans)
+                                 or self.closing)
+                if self.closing:
+                    return SKIP, k, 0
                 if not (self._wanted(k) or k in self.metas or k in self.claims):
                     orphan = self._take_orphan()
                     if orphan is not None:
                         return self._grant(orphan, pipeline, index)
-                    await c.wait_for(lambda: self._wanted(k) or k in self.metas or k in self.claims or bool(self.orphans))
+                    await c.wait_for(lambda: self._wanted(k) or k in self.metas or k in self.claims or bool(self.orphans)
+                                     or self.closing)
         finally:
             if p is not None:
                 p.waiting.discard(index)
@@ -436,6 +448,18 @@ class StoreBuilder:
                 self.futures.pop(k)
         return await self.meta(name, index)
 
+    async def close(self, timeout_s: float = 10.0) -> int:
+        """The run is over: every waiting packer skips the rest of its pipeline, so the
+        pipelines end and give their CPUs back before the driver goes (a packer killed in the
+        middle of a call to this actor makes Ray print a notice on the console). Returns how many
+        pipelines were still running after `timeout_s`."""
+        self.closing = True
+        await self._notify()
+        deadline = time.time() + timeout_s
+        while any(not p.done for p in self.pipelines.values()) and time.time() < deadline:
+            await asyncio.sleep(0.1)
+        return sum(1 for p in self.pipelines.values() if not p.done)
+
     async def report(self) -> Dict[str, Any]:
         """Counts (built, reused, rebuilt, attempts, pipelines), the cache directory and notable events."""
         return {"stats": dict(self.stats), "in_flight": len(self.claims),
@@ -462,7 +486,8 @@ def load_plans(path: str) -> Dict[str, Any]:
         return pickle.loads(s.read())
 
 
-def start_builder(plans: Dict[str, Any], cache_root: str, build_ahead: int, task_env: Optional[Dict[str, str]] = None):
+def start_builder(plans: Dict[str, Any], cache_root: str, build_ahead: int, task_env: Optional[Dict[str, str]] = None,
+                  actors: int = 1):
     """Create the run's builder actor on this (the driver's) node: it must outlive worker
     groups and node losses, and dies with the driver. Its plans travel through storage
     (`save_plans`), so a restarted actor reads them again. Returns its handle."""
@@ -472,4 +497,4 @@ def start_builder(plans: Dict[str, Any], cache_root: str, build_ahead: int, task
     actor = ray.remote(StoreBuilder).options(
         num_cpus=0, max_restarts=-1, max_task_retries=-1, max_concurrency=1000,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=True))
-    return actor.remote(save_plans(plans, cache_root), cache_root, build_ahead, task_env=task_env)
+    return actor.remote(save_plans(plans, cache_root), cache_root, build_ahead, task_env=task_env, actors=actors)

@@ -27,8 +27,72 @@ CODE_OPT = "code-opt"
 
 @dataclass
 class JobData:
-    train: DataPlan
+    train: DataPlan  # or a MixturePlan (data.mixture)
     eval: Optional[DataPlan] = None
+
+
+def _offset_ids(plan: DataPlan, offset: int) -> DataPlan:
+    """The plan with its shard ids moved up by `offset`: sample ids stay unique across the
+    sources of a mixture."""
+    return dataclasses.replace(plan, shards=[dataclasses.replace(s, shard_id=s.shard_id + offset) for s in plan.shards])
+
+
+def plan_mixture(cfg: Config, local_dir: str) -> JobData:
+    """data.mixture: one plan per source over one tokenizer (the given one, or one trained on
+    a sample drawn from every source in proportion to its weight); held-out shards are the
+    last `eval.fraction` of each source's."""
+    from elastic.data.mixture import MixturePlan, exact_weights
+    from elastic.data.pipeline import _tokenizer_sample
+    from elastic.data.shards import plan_shards
+    from elastic.data.sources import resolve_files
+    from elastic.data.tokenizer import load_or_train
+
+    d, ev = cfg.data, cfg.eval
+    if len(d.mixture) < 2:
+        raise DataError(f"data.mixture needs at least two sources, got {len(d.mixture)}")
+    try:
+        exact_weights(list(d.mixture.values()))
+    except ValueError as e:
+        raise DataError(f"data.mixture: {e}") from None
+    if d.source == CODE_OPT or CODE_OPT in d.mixture:
+        raise DataError(f"data.mixture: {CODE_OPT} rows are for SFT on their own, not in a mixture")
+    tok_path = os.path.join(local_dir, "tokenizer.json")
+    tokenizer = resolved_tokenizer(cfg)
+    if not tokenizer and not os.path.isfile(tok_path):
+        total = sum(d.mixture.values())
+        sample = []
+        for src, w in d.mixture.items():
+            files = resolve_files(src, d.glob, d.format)
+            shards = plan_shards(files, max(1, int(d.shard_mb * 2**20)), cfg.run.seed if d.shuffle else None)
+            sample += _tokenizer_sample(files, shards, d.text_field, int(d.tokenizer_sample_mb * 2**20 * w / total))
+        if not sample:
+            raise DataError("data.mixture: no valid documents found in any source")
+        load_or_train("", tok_path, sample, d.vocab_size)
+    tok = tokenizer or tok_path
+    plans, held, offset = [], [], 0
+    for src in d.mixture:
+        p = _offset_ids(prepare_data_plan(src, d.glob, d.format, d.text_field, tok, d.vocab_size, d.tokenizer_sample_mb,
+                                          d.seq_len, d.shard_mb, cfg.run.seed, d.shuffle, tokenize_cpus=d.tokenize_cpus,
+                                          report_bad_rows=d.report_bad_rows), offset)
+        offset += p.num_shards
+        if ev.every_steps > 0 and not ev.source:
+            k = max(1, round(ev.fraction * p.num_shards))
+            if p.num_shards - k < 1:
+                raise DataError(f"eval.fraction {ev.fraction}: data.mixture source {src} has only {p.num_shards} shard(s); "
+                                "lower data.shard_mb or set eval.source")
+            held += p.shards[p.num_shards - k:]
+            p = dataclasses.replace(p, shards=p.shards[:p.num_shards - k])
+        plans.append(p)
+    if tokenizer:
+        keep_tokenizer(tokenizer, local_dir)
+    train = MixturePlan(plans, list(d.mixture.values()), list(d.mixture))
+    if ev.every_steps <= 0:
+        return JobData(train)
+    if ev.source:
+        e = prepare_data_plan(ev.source, d.glob, d.format, d.text_field, tok, d.vocab_size, d.tokenizer_sample_mb, d.seq_len,
+                              d.shard_mb, cfg.run.seed, d.shuffle, tokenize_cpus=d.tokenize_cpus, report_bad_rows=d.report_bad_rows)
+        return JobData(train, _offset_ids(e, offset))
+    return JobData(train, dataclasses.replace(plans[0], shards=held))
 
 
 def chat_format(cfg: Config) -> ChatFormat:
@@ -62,6 +126,10 @@ def keep_tokenizer(tokenizer_json: str, run_dir: str) -> None:
 def plan_job_data(cfg: Config, local_dir: str, kind: str) -> JobData:
     """kind: "pretrain" (text) or "sft" (conversations)."""
     d, ev = cfg.data, cfg.eval
+    if d.mixture:
+        if kind != "pretrain":
+            raise DataError(f"data.mixture: mixtures are for pretraining, not {kind}")
+        return plan_mixture(cfg, local_dir)
     chat = chat_format(cfg) if kind == "sft" else None
     source, eval_source = d.source, ev.source
     if d.source == CODE_OPT:

@@ -62,18 +62,6 @@ def cache_root(paths: RunPaths) -> str:
     return f"{paths.run_dir.rstrip('/')}/cache"
 
 
-@dataclass
-class CheckpointCursor:
-    """Data position of the newest complete checkpoint in the run dir (start of stream if none):
-    where the store builder starts tokenizing before the workers ask."""
-
-    run_dir: str
-
-    def __call__(self) -> Cursor:
-        found = ckpt_lib.latest_complete(self.run_dir)
-        return Cursor.from_dict(found[1]["cursor"]) if found else Cursor()
-
-
 def worker_env() -> dict:
     """Environment for workers of a cluster this driver starts or finds on this machine: this
     checkout first on PYTHONPATH so they import the same `elastic`, and OMP_NUM_THREADS=1.
@@ -105,10 +93,12 @@ TRAIN_WORKER_ENV = {**JOB_WORK_ENV, "OMP_NUM_THREADS": "1"}  # OMP_NUM_THREADS: 
 
 
 def private_cpus(cfg: Config) -> int:
-    """Logical CPUs of a private instance: every worker plus two data tasks at once (the
-    machine may have fewer cores; oversubscription only costs time)."""
-    s = cfg.scaling
-    need = int(s.max_workers * s.cpus_per_worker + 2 * cfg.data.tokenize_cpus + 0.999)
+    """Logical CPUs of a private instance: every worker plus the store builder's packers (one
+    pipeline per training source and one for the held-out plan; the machine may have fewer
+    cores; oversubscription only costs time)."""
+    s, d = cfg.scaling, cfg.data
+    pipelines = max(1, len(d.mixture)) + 1
+    need = int(s.max_workers * s.cpus_per_worker + pipelines * d.tokenize_actors * d.tokenize_cpus + 0.999)
     return max(os.cpu_count() or 1, need)
 
 
@@ -180,12 +170,37 @@ def start_store(cfg: Config, plan: DataPlan, paths: RunPaths, eval_plan: Optiona
     """The run's store builder (elastic/data/builder.py), already tokenizing from the latest
     checkpoint's position while the worker group starts. ELASTIC_FAULT_* variables of the
     driver reach its build tasks (fault injection in tests)."""
-    plans = {"train": plan, **({"eval": eval_plan} if eval_plan is not None else {})}
+    from elastic.data.mixture import MixturePlan
+
+    mixed = isinstance(plan, MixturePlan)
+    plans = {**(plan.store_plans() if mixed else {"train": plan}), **({"eval": eval_plan} if eval_plan is not None else {})}
     faults = {k: v for k, v in os.environ.items() if k.startswith("ELASTIC_FAULT_")}
-    store = start_builder(plans, cache_root(paths), cfg.data.build_ahead, task_env={**JOB_WORK_ENV, **faults})
-    cur = CheckpointCursor(paths.run_dir)()
-    store.ahead.remote("train", cur.epoch, cur.shard_pos)
+    store = start_builder(plans, cache_root(paths), cfg.data.build_ahead, task_env={**JOB_WORK_ENV, **faults},
+                          actors=cfg.data.tokenize_actors)
+    found = ckpt_lib.latest_complete(paths.run_dir)
+    saved = found[1]["cursor"] if found else {}
+    if mixed:  # each source's stream from its own position
+        for k, c in enumerate(saved.get("mixture") or [{}] * len(plan.plans)):
+            cur = Cursor.from_dict(c) if c else Cursor()
+            store.ahead.remote(f"train/{k}", cur.epoch, cur.shard_pos)
+    else:
+        cur = Cursor.from_dict(saved) if saved else Cursor()
+        store.ahead.remote("train", cur.epoch, cur.shard_pos)
     return store
+
+
+def close_store(store) -> None:
+    """End the builder's pipelines (their packers give back their CPUs) and the actor itself;
+    never fails the run."""
+    if store is None:
+        return
+    import ray
+
+    try:
+        ray.get(store.close.remote(), timeout=15)
+        ray.kill(store, no_restart=True)
+    except Exception:  # an actor already gone, a cluster shutting down
+        pass
 
 
 def plan_eval_tasks(cfg: Config) -> list:
@@ -383,6 +398,9 @@ class LMLaunch(JobLaunch):
 
     def trainer(self, cfg: Config, paths: RunPaths, gpu: bool):
         return build_trainer(cfg, self.data.train, paths, gpu, self.data.eval, self.store, self.eval_tasks)
+
+    def stop(self) -> None:
+        close_store(getattr(self, "store", None))
 
 
 def run_job(cfg: Config, launch: JobLaunch, out: Optional[TextIO] = None, progress: bool = True) -> PretrainResult:

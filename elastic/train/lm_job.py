@@ -18,6 +18,7 @@ import torch
 
 from elastic.data.cursor import Cursor
 from elastic.data.documents import BadRows
+from elastic.data.mixture import MixCursor, MixedStream, MixturePlan
 from elastic.data.pipeline import DataPlan
 from elastic.data.reader import RankBatches, SampleStream, first_samples
 from elastic.train.job import Job, Update, WorkerContext
@@ -35,9 +36,14 @@ class LMJob(Job):
         self.B = cfg.train.global_batch_size
         self.micro = cfg.train.micro_batch_size
         self.per_rank = self.B // ctx.world_size
-        cursor = Cursor.from_dict(state["cursor"]) if "cursor" in state else Cursor()
         self.store, self.cache_root = ctx.config["store"], ctx.config["cache_root"]
-        stream = SampleStream(self.plan, "train", self.store, self.cache_root)
+        if isinstance(self.plan, MixturePlan):  # data.mixture: one stream per source, mixed per step
+            streams = [SampleStream(p, name, self.store, self.cache_root) for name, p in self.plan.store_plans().items()]
+            stream = MixedStream(streams, self.plan.weights, cfg.run.seed)
+            cursor = MixCursor.from_dict(state.get("cursor") or {}, len(streams))
+        else:
+            cursor = Cursor.from_dict(state["cursor"]) if "cursor" in state else Cursor()
+            stream = SampleStream(self.plan, "train", self.store, self.cache_root)
         self.batches = RankBatches(stream, cursor, self.B, ctx.rank, ctx.world_size, cfg.data.prefetch_steps)
         self.bad_total = BadRows.from_dict(state.get("bad_rows", {}), keep=self.plan.report_bad_rows)
         self._eval_cache = None
