@@ -43,7 +43,7 @@ def test_every_field_is_listed_with_its_comment():
         assert f'<a id="{key}"></a>`{key}`' in page, f"{key} is not in docs/config.md; regenerate it: {reference.REGENERATE}"
     b = docs["data.build_ahead"]
     assert (b.type, b.default) == ("int", "2")
-    assert b.comment.startswith("Shards tokenized ahead of the train workers' position") and "build_ahead + 1" in b.comment
+    assert b.comment.startswith("Shards tokenized ahead of the train workers' position") and "bounded window" in b.comment
     assert docs["eval.every_steps"].comment == "0 = off"  # an inline comment
     assert docs["model.lora.targets"].default.startswith('["wq", "wk"')  # default_factory
     assert docs["model.dim"].type == "Optional[int]" and docs["model.dim"].default == "null"
