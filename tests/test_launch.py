@@ -173,7 +173,7 @@ def test_ray_start_cluster_is_joined_and_a_too_small_one_is_reported_in_one_line
         assert len(err) == 1 and err[0].startswith(f"cluster error: the cluster at {recorded} cannot hold"), big.stderr
         joined = f"[elastic] ray: joined the cluster started with `ray start` on this machine at {recorded} (recorded in {cluster.record})"
         assert big.stdout.splitlines()[0] == joined
-        assert "2 train workers x {CPU: 1} plus a data task {CPU: 1}" in err[0]
+        assert "2 train workers x {CPU: 1} plus a data packer {CPU: 1}" in err[0]
         assert "after waiting 3s (scaling.resource_wait_s): CPU 3 needed, the cluster has 2" in err[0]
         assert not (tmp_path / "runs" / "big" / "lease.json").exists()  # released on the way out
 

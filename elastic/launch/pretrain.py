@@ -104,14 +104,14 @@ def private_cpus(cfg: Config) -> int:
 
 def required_bundles(cfg: Config, gpu: bool) -> tuple[list, str]:
     """What the cluster must hold at once for the run to make progress: `min_workers` train
-    workers plus one data task (a Ray Data read task takes 1 CPU, a tokenize task
-    `data.tokenize_cpus`), and the same in words."""
+    workers plus one packer actor of the store builder's Ray Data pipeline
+    (`data.tokenize_cpus`, at least 1 CPU), and the same in words."""
     s = cfg.scaling
     worker = {"CPU": s.cpus_per_worker, **s.resources_per_worker, **({"GPU": 1.0} if gpu else {})}
     data = {"CPU": max(1.0, cfg.data.tokenize_cpus)}
     words = (f"{s.min_workers} train worker{'s' if s.min_workers > 1 else ''} x "
              + "{" + ", ".join(f"{k}: {v:g}" for k, v in worker.items() if v) + "}"
-             + f" plus a data task {{CPU: {data['CPU']:g}}}")
+             + f" plus a data packer {{CPU: {data['CPU']:g}}}")
     return [dict(worker) for _ in range(s.min_workers)] + [data], words
 
 
