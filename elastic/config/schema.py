@@ -54,6 +54,12 @@ class DataSection:
     # from each source, exact at every step and across resumes and resizes (elastic/data/mixture.py).
     # Each source is read with `format`, `glob` and `text_field`; one tokenizer serves all.
     mixture: Dict[str, float] = field(default_factory=dict)
+    # Per-document curation stages run on each shard's documents just before tokenization, in
+    # the store builder's packer actors, with the `curate` section's settings, e.g. [unicode,
+    # langid, gopher_quality, pii]: the same stages as jobs/curate.py, applied on the fly (removed
+    # documents are counted by reason in the cache's builds.jsonl). Dedup is global: run
+    # jobs/curate.py for it. Empty: no curation.
+    curate: List[str] = field(default_factory=list)
     # CPUs reserved by each tokenize+pack actor of the store builder's Ray Data pipeline (each
     # shard is packed once per run; the packed samples are cached under <run dir>/cache/).
     tokenize_cpus: float = 1.0

@@ -79,7 +79,10 @@ class ShardPacker:
         self.plans = load_plans(plans_path)
         self.cache_root = cache_root
         self.caches = {k: ShardCache(cache_root, p) for k, p in self.plans.items()}
+        from elastic.data.tokenize import shard_curator
+
         self.toks = {k: from_json(p.tokenizer.json) for k, p in self.plans.items()}
+        self.curators = {k: shard_curator(p) for k, p in self.plans.items()}  # models/word lists loaded once
         self.builder, self.pipeline = builder, pipeline
 
     def _build(self, name: str, index: int, attempt: int) -> ShardMeta:
@@ -89,13 +92,15 @@ class ShardPacker:
         plan, cache = self.plans[name], self.caches[name]
         cpu0, t0 = time.process_time(), time.time()
         shard = plan.shards[index]
-        packed = pack_shard(plan, shard, self.toks[name])
+        packed = pack_shard(plan, shard, self.toks[name], self.curators[name])
         build = {"tokenize_cpu_s": time.process_time() - cpu0, "documents": packed.documents}
+        if packed.curated:
+            build["curated"] = packed.curated
         meta = cache.commit(shard, packed.arrays, packed.bad_rows.to_dict(), build, attempt)
         cpu_s, wall_s = time.process_time() - cpu0, time.time() - t0
         append_record(cache.builds_log, {"shard_id": shard.shard_id, "key": meta.key, "samples": meta.samples,
                                          "tokens": meta.tokens, "bytes": meta.bytes, "cpu_s": cpu_s, "wall_s": wall_s,
-                                         "tokenize_cpu_s": build["tokenize_cpu_s"],
+                                         "tokenize_cpu_s": build["tokenize_cpu_s"], "curated": packed.curated or {},
                                          "attempt": attempt, "pid": os.getpid(), "host": meta.build["host"],
                                          "time": time.time()})
         return meta

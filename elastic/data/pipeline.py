@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from elastic.data.chat import ChatFormat, plain_text
 from elastic.data.documents import read_shard
@@ -40,6 +40,10 @@ class DataPlan:
     # examples are never split across samples; one longer than seq_len is truncated or skipped.
     chat: Optional[ChatFormat] = None
     overlong: str = "truncate"
+    # data.curate: per-document curation stages (elastic/data/curate) run by the packers on
+    # each shard's documents before tokenization, with the `curate` section's settings.
+    curate_stages: tuple = ()
+    curate: Any = None
 
     @property
     def num_shards(self) -> int:
@@ -72,7 +76,8 @@ def _tokenizer_sample(files: List[SourceFile], shards: List[Shard], text_field: 
 def prepare_data_plan(source: str, glob: str, fmt: str, text_field: str, tokenizer: str, vocab_size: int,
                       tokenizer_sample_mb: float, seq_len: int, shard_mb: float, seed: int, shuffle: bool,
                       tokenizer_save_path: str = "", tokenize_cpus: float = 1.0, report_bad_rows: int = 5,
-                      chat: Optional[ChatFormat] = None, overlong: str = "truncate") -> DataPlan:
+                      chat: Optional[ChatFormat] = None, overlong: str = "truncate", curate_stages=(),
+                      curate=None) -> DataPlan:
     """Driver-side planning; raises DataError (one line) for missing or unreadable input.
     With `chat` (SFT) rows are conversations; the format's template and special tokens are
     completed from the tokenizer (its own chat_template wins over the built-in one)."""
@@ -93,4 +98,5 @@ def prepare_data_plan(source: str, glob: str, fmt: str, text_field: str, tokeniz
                                    eos_token=tok.eos_token, bos_token=tok.bos_token)
     return DataPlan(shards=shards, tokenizer=tok, seq_len=seq_len, text_field=text_field, seed=seed, shuffle=shuffle,
                     tokenize_cpus=tokenize_cpus, report_bad_rows=report_bad_rows,
-                    corpus_bytes=sum(f.size for f in files), files=len(files), chat=chat, overlong=overlong)
+                    corpus_bytes=sum(f.size for f in files), files=len(files), chat=chat, overlong=overlong,
+                    curate_stages=tuple(curate_stages), curate=curate if curate_stages else None)

@@ -64,6 +64,7 @@ def packing_key(plan) -> str:
         "seq_len": plan.seq_len, "text_field": plan.text_field,
         "chat": dataclasses.asdict(plan.chat) if plan.chat is not None else None,
         "overlong": plan.overlong if plan.chat is not None else None,
+        **({"curate": [list(plan.curate_stages), dataclasses.asdict(plan.curate)]} if getattr(plan, "curate_stages", ()) else {}),
     })
 
 

@@ -24,11 +24,13 @@ from elastic.data.tokenizer import from_json
 @dataclass
 class PackedShard:
     """tokens/doc_ids/labels [n, seq_len] int32 and n_real [n] int32 (row i = packing index i),
-    plus the shard's malformed rows (and, for SFT, conversations cut or skipped as too long)."""
+    plus the shard's malformed rows (and, for SFT, conversations cut or skipped as too long)
+    and the documents `data.curate` removed, by reason."""
 
     arrays: Dict[str, np.ndarray]
     bad_rows: BadRows
     documents: int
+    curated: Dict[str, int] = None  # documents removed by data.curate stages, by reason
 
     @property
     def samples(self) -> int:
@@ -39,12 +41,36 @@ class PackedShard:
         return int(self.arrays["n_real"].sum())
 
 
-def pack_shard(plan, shard: Shard, tok=None) -> PackedShard:
+def shard_curator(plan):
+    """The plan's per-document curation stages, built once (a packer keeps it), or None."""
+    if not getattr(plan, "curate_stages", ()):
+        return None
+    import dataclasses
+
+    from elastic.data.curate.pipeline import DocPipeline
+
+    return DocPipeline(dataclasses.replace(plan.curate, stages=list(plan.curate_stages)))
+
+
+def curate_docs(docs: List[str], curator) -> Tuple[List[str], Dict[str, int]]:
+    """The documents the stages keep (in order) and the removals counted by reason."""
+    out, _ = curator.run([{"id": str(i), "text": t, "order": i} for i, t in enumerate(docs)])
+    removed: Dict[str, int] = {}
+    for d in out:
+        if d["reason"]:
+            removed[d["reason"]] = removed.get(d["reason"], 0) + 1
+    return [d["text"] for d in out if not d["reason"]], removed
+
+
+def pack_shard(plan, shard: Shard, tok=None, curator=None) -> PackedShard:
     """Read, tokenize and pack one shard (`plan`: elastic.data.pipeline.DataPlan). Pretraining
     documents are encoded in one `encode_batch` call and may continue across samples; SFT
     conversations are rendered, masked to their assistant tokens and never split. `tok`: the
     plan's tokenizer already loaded (a long-lived packer loads it once, not once per shard)."""
     docs, bad = read_shard(shard, plan.text_field, plan.report_bad_rows, plan.chat)
+    curated: Dict[str, int] = {}
+    if plan.chat is None and getattr(plan, "curate_stages", ()):
+        docs, curated = curate_docs(docs, curator if curator is not None else shard_curator(plan))
     tok = tok if tok is not None else from_json(plan.tokenizer.json)
     if plan.chat is None:
         ids = [e.ids for e in tok.encode_batch(docs)] if docs else []
@@ -53,7 +79,7 @@ def pack_shard(plan, shard: Shard, tok=None) -> PackedShard:
         packed, long_rows = _tokenize_conversations(docs, plan, tok)
         bad.merge(long_rows)
     arrays = {k: packed[k] for k in ("tokens", "doc_ids", "labels", "n_real")}
-    return PackedShard(arrays=arrays, bad_rows=bad, documents=len(docs))
+    return PackedShard(arrays=arrays, bad_rows=bad, documents=len(docs), curated=curated)
 
 
 def _tokenize_conversations(texts: List[str], plan, tok) -> Tuple[Dict[str, np.ndarray], BadRows]:

@@ -73,7 +73,7 @@ def plan_mixture(cfg: Config, local_dir: str) -> JobData:
     for src in d.mixture:
         p = _offset_ids(prepare_data_plan(src, d.glob, d.format, d.text_field, tok, d.vocab_size, d.tokenizer_sample_mb,
                                           d.seq_len, d.shard_mb, cfg.run.seed, d.shuffle, tokenize_cpus=d.tokenize_cpus,
-                                          report_bad_rows=d.report_bad_rows), offset)
+                                          report_bad_rows=d.report_bad_rows, curate_stages=d.curate, curate=cfg.curate), offset)
         offset += p.num_shards
         if ev.every_steps > 0 and not ev.source:
             k = max(1, round(ev.fraction * p.num_shards))
@@ -90,7 +90,8 @@ def plan_mixture(cfg: Config, local_dir: str) -> JobData:
         return JobData(train)
     if ev.source:
         e = prepare_data_plan(ev.source, d.glob, d.format, d.text_field, tok, d.vocab_size, d.tokenizer_sample_mb, d.seq_len,
-                              d.shard_mb, cfg.run.seed, d.shuffle, tokenize_cpus=d.tokenize_cpus, report_bad_rows=d.report_bad_rows)
+                              d.shard_mb, cfg.run.seed, d.shuffle, tokenize_cpus=d.tokenize_cpus, report_bad_rows=d.report_bad_rows,
+                              curate_stages=d.curate, curate=cfg.curate)
         return JobData(train, _offset_ids(e, offset))
     return JobData(train, dataclasses.replace(plans[0], shards=held))
 
@@ -123,9 +124,29 @@ def keep_tokenizer(tokenizer_json: str, run_dir: str) -> None:
             shutil.copyfile(src, dst)
 
 
+def check_data_curate(cfg: Config) -> None:
+    """data.curate names per-document stages of elastic/data/curate (one line before any work)."""
+    from elastic.config import ConfigError
+    from elastic.data.curate.base import STAGES
+    from elastic.data.curate.pipeline import check_curate_config
+
+    stages = cfg.data.curate
+    if not stages:
+        return
+    dedup = [x for x in stages if x in ("exact_dedup", "near_dedup")]
+    if dedup:
+        raise ConfigError(f"data.curate: {dedup[0]} is global (it compares documents across the corpus): "
+                          "run jobs/curate.py, then train on its output")
+    unknown = [x for x in stages if x not in STAGES]
+    if unknown:
+        raise ConfigError(f"data.curate: unknown stage {unknown[0]!r} (known: {', '.join(sorted(STAGES))})")
+    check_curate_config(dataclasses.replace(cfg.curate, stages=list(stages)))
+
+
 def plan_job_data(cfg: Config, local_dir: str, kind: str) -> JobData:
     """kind: "pretrain" (text) or "sft" (conversations)."""
     d, ev = cfg.data, cfg.eval
+    check_data_curate(cfg)
     if d.mixture:
         if kind != "pretrain":
             raise DataError(f"data.mixture: mixtures are for pretraining, not {kind}")
@@ -143,7 +164,7 @@ def plan_job_data(cfg: Config, local_dir: str, kind: str) -> JobData:
         p = prepare_data_plan(src, d.glob, d.format, d.text_field, tokenizer, d.vocab_size, d.tokenizer_sample_mb,
                               d.seq_len, d.shard_mb, cfg.run.seed, d.shuffle, tokenizer_save_path=tok_path,
                               tokenize_cpus=d.tokenize_cpus, report_bad_rows=d.report_bad_rows, chat=chat,
-                              overlong=cfg.sft.overlong)
+                              overlong=cfg.sft.overlong, curate_stages=d.curate, curate=cfg.curate)
         if chat is not None and cfg.sft.template == "builtin":
             p = dataclasses.replace(p, chat=dataclasses.replace(p.chat, chat_template=None))
         return p
