@@ -480,9 +480,10 @@ class CurateSection:
 
     # Raw documents: "stdlib-docstrings" (each standard-library module's docstrings: English
     # prose, no download), "stdlib" (its source files: code) or a path / glob / pyarrow
-    # filesystem URI of text, JSONL or Parquet files.
+    # filesystem URI of text, JSONL, Parquet, HTML or WARC files.
     source: str = "stdlib-docstrings"
-    # auto | text | jsonl | parquet. auto infers from file extensions.
+    # auto | text | jsonl | parquet | html | warc. auto infers from file extensions (.html/.htm:
+    # html, .warc/.warc.gz: warc; their main text extracted by trafilatura).
     format: str = "auto"
     # Glob applied when `source` is a directory.
     glob: str = "**/*"
@@ -534,13 +535,23 @@ class CurateSection:
     minhash_rows: int = 8
     # near_dedup: seed of the permutation parameters (the same on every worker).
     minhash_seed: int = 1
-    # perplexity (a hook): "package.module:function", called with perplexity_model, returning a
-    # callable texts -> perplexities.
+    # perplexity: "" = the built-in scorer (elastic/launch/curate_scorer.py: exp of the mean
+    # token NLL under perplexity_model), or a factory "package.module:function" called with
+    # perplexity_model, returning a callable texts -> perplexities.
     perplexity_scorer: str = ""
-    # perplexity: the model path handed to perplexity_scorer.
+    # perplexity: the model: a checkpoint (step_N), a run directory (its last step_N) or a
+    # Hugging Face directory, as jobs/eval.py takes them.
     perplexity_model: str = ""
-    # perplexity: documents above this are removed (0 = score only).
+    # perplexity: documents above this are removed (0 = score only); every kept document's
+    # score is the `perplexity` column of the output.
     perplexity_max: float = 0.0
+    # perplexity: one GPU per per-document actor where the cluster has GPUs (else CPU).
+    perplexity_use_gpu: bool = True
+    # perplexity: auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16 | float16.
+    perplexity_dtype: str = "auto"
+    # perplexity: tokens per forward pass (documents batched up to it; longer ones are scored
+    # in windows of the model's max_seq_len).
+    perplexity_token_budget: int = 8192
     # Removed documents kept as examples per reason in curate_report.json.
     examples_per_reason: int = 5
 

@@ -41,7 +41,8 @@ import pyarrow.parquet as pq
 from elastic.config import ConfigError
 from elastic.data.curate import DocPipeline, check_curate_config, doc_stage_names
 from elastic.data.curate.dedup import exact_duplicates, near_duplicates
-from elastic.data.curate.reader import ROW_BITS, Block, InputFile, plan_blocks, read_block, relative_name
+from elastic.data.curate.reader import (ROW_BITS, Block, InputFile, infer_markup_format, plan_blocks, read_block,
+                                        relative_name)
 from elastic.data.documents import BadRows
 from elastic.data.sources import DataError, resolve_files, stdlib_source
 
@@ -87,9 +88,11 @@ def plan_inputs(cs) -> List[InputFile]:
     """The sorted input files. "stdlib-docstrings": the standard library's .py files, each read
     as the document made of its docstrings (format "pydoc")."""
     pydoc = cs.source == STDLIB_DOCSTRINGS
-    files = resolve_files("stdlib" if pydoc else cs.source, cs.glob, cs.format)
+    markup = cs.format in ("html", "warc")
+    files = resolve_files("stdlib" if pydoc else cs.source, cs.glob, "auto" if markup else cs.format)
     root = _source_root(cs.source)
-    return [InputFile(i, f.uri, "pydoc" if pydoc else f.format, relative_name(f.path, root), f.size)
+    return [InputFile(i, f.uri, "pydoc" if pydoc else infer_markup_format(f.path, cs.format, f.format),
+                      relative_name(f.path, root), f.size)
             for i, f in enumerate(files)]
 
 
@@ -98,6 +101,9 @@ def _fingerprint(cs, files: List[InputFile]) -> str:
     conf = dataclasses.asdict(cs)
     for k in ("workers", "output", "examples_per_reason"):
         conf.pop(k, None)
+    if "perplexity" not in cs.stages:  # outputs curated before these settings existed still resume
+        for k in ("perplexity_use_gpu", "perplexity_dtype", "perplexity_token_budget"):
+            conf.pop(k, None)
     body = json.dumps({"config": conf, "files": [(f.name, f.size) for f in files]}, sort_keys=True)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
@@ -156,7 +162,7 @@ class Layout:
 
 BLOCK_SCHEMA = pa.schema([("order", pa.int64()), ("id", pa.string()), ("text", pa.string()), ("reason", pa.string()),
                           ("content_hash", pa.binary()), ("bands", pa.list_(pa.uint64())), ("lang", pa.string()),
-                          ("lang_score", pa.float64())])
+                          ("lang_score", pa.float64()), ("perplexity", pa.float64())])
 
 
 def curate_block(pipe: DocPipeline, block: Block, layout: Layout, examples: int) -> Dict[str, Any]:
@@ -186,7 +192,12 @@ class BlockCurator:
     """Ray Data actor (map_batches with a class): the stages are built once per actor."""
 
     def __init__(self, cs, root: str):
-        self.pipe = DocPipeline(cs)
+        scorer = None
+        if "perplexity" in cs.stages and not cs.perplexity_scorer:  # the model loads once per actor
+            from elastic.launch.curate_scorer import make_scorer
+
+            scorer = make_scorer(cs)
+        self.pipe = DocPipeline(cs, scorer=scorer)
         self.layout = Layout(root)
         self.examples = cs.examples_per_reason
 
@@ -260,11 +271,14 @@ def run_dedup(cs, layout: Layout, blocks: List[Block]) -> pa.Table:
 
 OUT_SCHEMA = pa.schema([("text", pa.string()), ("id", pa.string())])
 REMOVED_SCHEMA = pa.schema([("id", pa.string()), ("reason", pa.string()), ("dup_of", pa.string()), ("text", pa.string())])
+PPL = pa.field("perplexity", pa.float64())  # both outputs, when the perplexity stage is on
 
 
-def finish_block(index: int, root: str, dedup: Dict[int, Tuple[str, str]], examples: int) -> Dict[str, Any]:
+def finish_block(index: int, root: str, dedup: Dict[int, Tuple[str, str]], examples: int,
+                 ppl: bool = False) -> Dict[str, Any]:
     layout = Layout(root)
-    t = pq.read_table(layout.block_parquet(index), columns=["order", "id", "text", "reason"]).to_pylist()
+    t = pq.read_table(layout.block_parquet(index),
+                      columns=["order", "id", "text", "reason"] + (["perplexity"] if ppl else [])).to_pylist()
     kept, removed = [], []
     ex: Dict[str, List[Dict[str, str]]] = {}
     for d in t:
@@ -274,14 +288,18 @@ def finish_block(index: int, root: str, dedup: Dict[int, Tuple[str, str]], examp
             if len(ex.setdefault(reason, [])) < examples:
                 ex[reason].append({"id": d["id"], "dup_of": dup_of, "text": d["text"][:EXAMPLE_CHARS]})
         if reason:
-            removed.append({"id": d["id"], "reason": reason, "dup_of": dup_of, "text": d["text"]})
+            removed.append({"id": d["id"], "reason": reason, "dup_of": dup_of, "text": d["text"],
+                            "perplexity": d.get("perplexity")})
         else:
             kept.append(d)
     if removed:
-        _atomic_parquet(layout.removed_part(index), pa.Table.from_pylist(removed, schema=REMOVED_SCHEMA))
+        rs = REMOVED_SCHEMA.append(PPL) if ppl else REMOVED_SCHEMA
+        _atomic_parquet(layout.removed_part(index), pa.Table.from_pylist(removed, schema=rs))
     if kept:
-        _atomic_parquet(layout.part(index), pa.table({"text": [d["text"] for d in kept], "id": [d["id"] for d in kept]},
-                                                    schema=OUT_SCHEMA))
+        cols = {"text": [d["text"] for d in kept], "id": [d["id"] for d in kept]}
+        if ppl:
+            cols["perplexity"] = [d["perplexity"] for d in kept]
+        _atomic_parquet(layout.part(index), pa.table(cols, schema=OUT_SCHEMA.append(PPL) if ppl else OUT_SCHEMA))
     summary = {"block": index, "docs_out": len(kept), "bytes_out": sum(len(d["text"].encode("utf-8")) for d in kept),
                "dedup_removed": dict(Counter(r["reason"] for r in removed if r["reason"] in ("exact_dup", "near_dup"))),
                "dedup_examples": ex}
@@ -289,11 +307,11 @@ def finish_block(index: int, root: str, dedup: Dict[int, Tuple[str, str]], examp
     return summary
 
 
-def _finish_batch(batch: Dict[str, Any], root: str, dedup_ref, examples: int) -> Dict[str, List[str]]:
+def _finish_batch(batch: Dict[str, Any], root: str, dedup_ref, examples: int, ppl: bool = False) -> Dict[str, List[str]]:
     import ray
 
     dedup = ray.get(dedup_ref[0]) if isinstance(dedup_ref, list) else dedup_ref
-    return {"summary": [json.dumps(finish_block(int(i), root, dedup, examples)) for i in batch["index"]]}
+    return {"summary": [json.dumps(finish_block(int(i), root, dedup, examples, ppl)) for i in batch["index"]]}
 
 
 # ---------------------------------------------------------------- report
@@ -330,7 +348,8 @@ def build_report(cs, files: List[InputFile], blocks: List[Block], step1: List[di
         per_stage[stage_of(r)] += n
     funnel = [{"stage": "input", "docs": docs_in}]
     left = docs_in
-    for st in cs.stages:
+    # Removals before the stages (the reader's: "html:no_text") come first.
+    for st in sorted(s for s in per_stage if s not in cs.stages) + list(cs.stages):
         left -= per_stage.get(st, 0)
         funnel.append({"stage": st, "removed": per_stage.get(st, 0), "docs": left})
     pii = {k[4:]: v for k, v in counts.items() if k.startswith("pii_")}
@@ -393,6 +412,12 @@ def run_curation(cs, say: Callable[[str], None] = print, stop_after_blocks: Opti
     (tests) commits that many new blocks of step 1 and stops as a crash would."""
     t0 = time.perf_counter()
     check_curate_config(cs)
+    if "perplexity" in cs.stages and not cs.perplexity_scorer:
+        from elastic.launch.curate_scorer import check_model
+
+        problem = check_model(cs.perplexity_model)
+        if problem:
+            raise ConfigError(problem)
     files = plan_inputs(cs)  # DataError before any work
     blocks = plan_blocks(files, max(1, int(cs.block_mb * 1e6)))
     layout = Layout(cs.output)
@@ -435,8 +460,14 @@ def run_curation(cs, say: Callable[[str], None] = print, stop_after_blocks: Opti
         warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")  # max_restarts below
         ds = ray.data.from_items([{"block": _block_to_json(b)} for b in todo], override_num_blocks=len(todo))
         n = min(cs.workers, len(todo))
+        from elastic.launch.curate_scorer import wants_gpu
+
+        gpus = ray.cluster_resources().get("GPU", 0)
+        res = {"num_cpus": 1}
+        if wants_gpu(cs, gpus):  # the perplexity model: one GPU per actor
+            n, res = max(1, min(n, int(gpus))), {"num_cpus": 1, "num_gpus": 1}
         ds = ds.map_batches(BlockCurator, fn_constructor_kwargs={"cs": cs, "root": layout.root}, batch_size=1,
-                            compute=ray.data.ActorPoolStrategy(size=n), num_cpus=1, max_restarts=0)
+                            compute=ray.data.ActorPoolStrategy(size=n), max_restarts=0, **res)
         for row in ds.iter_rows():
             s = json.loads(row["summary"])
             step1[s["block"]] = s
@@ -459,7 +490,8 @@ def run_curation(cs, say: Callable[[str], None] = print, stop_after_blocks: Opti
         ref = ray.put(dedup)
         ds = ray.data.from_items([{"index": i} for i in todo3], override_num_blocks=len(todo3))
         ds = ds.map_batches(_finish_batch, fn_kwargs={"root": layout.root, "dedup_ref": [ref],
-                                                      "examples": cs.examples_per_reason},
+                                                      "examples": cs.examples_per_reason,
+                                                      "ppl": "perplexity" in cs.stages},
                             batch_size=1, num_cpus=1,
                             compute=ray.data.TaskPoolStrategy(size=max(1, min(cs.workers, len(todo3)))))
         for row in ds.iter_rows():

@@ -1,10 +1,11 @@
-"""Perplexity scoring hook (interface only; off unless "perplexity" is in `curate.stages`).
+"""Perplexity stage (off unless "perplexity" is in `curate.stages`).
 
-`curate.perplexity_scorer` names a factory "package.module:function"; it is called once per
-worker with `curate.perplexity_model` (a model path) and returns a callable that maps a list of
-texts to a list of perplexities. Documents above `curate.perplexity_max` are removed
-("perplexity"); the score is kept in the document's `perplexity` field (CCNet-style KenLM
-bucketing, or a small LM, plugs in here)."""
+The scorer is a callable mapping a list of texts to a list of perplexities. The job passes the
+built-in one (elastic/launch/curate_scorer.py: a project or Hugging Face model, loaded once per
+Ray Data actor; this layer imports no model code); or `curate.perplexity_scorer` names a
+factory "package.module:function", called once per worker with `curate.perplexity_model`
+(CCNet-style KenLM bucketing plugs in here). Documents above `curate.perplexity_max` are
+removed ("perplexity"); the score is kept in the document's `perplexity` field."""
 
 from __future__ import annotations
 

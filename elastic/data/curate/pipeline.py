@@ -38,8 +38,8 @@ def check_curate_config(cs) -> None:
         pre, _, rule = r.partition(":")
         if pre not in rules or rule not in rules[pre]:
             raise ConfigError(f"curate.skip_rules: unknown rule {r!r} (write '<stage prefix>:<rule>', e.g. 'c4:curly_bracket')")
-    if cs.format not in ("auto", "text", "jsonl", "parquet"):
-        raise ConfigError(f"curate.format: must be auto|text|jsonl|parquet, got {cs.format!r}")
+    if cs.format not in ("auto", "text", "jsonl", "parquet", "html", "warc"):
+        raise ConfigError(f"curate.format: must be auto|text|jsonl|parquet|html|warc, got {cs.format!r}")
     if not cs.output:
         raise ConfigError("curate.output: must name an output directory")
     if cs.workers < 1:
@@ -57,8 +57,13 @@ def check_curate_config(cs) -> None:
     bad = [k for k in cs.pii_kinds if k not in ("email", "ip", "ipv6", "phone")]
     if bad:
         raise ConfigError(f"curate.pii_kinds: unknown kind(s) {bad} (known: email, ip, ipv6, phone)")
-    if "perplexity" in cs.stages and not cs.perplexity_scorer:
-        raise ConfigError("curate.perplexity_scorer: the perplexity stage needs 'package.module:function'")
+    if "perplexity" in cs.stages and not (cs.perplexity_scorer or cs.perplexity_model):
+        raise ConfigError("curate.perplexity_model: the perplexity stage needs a checkpoint, run or Hugging Face "
+                          "directory (or curate.perplexity_scorer)")
+    if cs.perplexity_max < 0 or cs.perplexity_token_budget < 1:
+        raise ConfigError("curate.perplexity_max must be >= 0 and curate.perplexity_token_budget >= 1")
+    if cs.perplexity_dtype not in ("auto", "float32", "bfloat16", "float16"):
+        raise ConfigError(f"curate.perplexity_dtype: must be auto|float32|bfloat16|float16, got {cs.perplexity_dtype!r}")
     if cs.toxic_words:
         import os
 
@@ -67,20 +72,24 @@ def check_curate_config(cs) -> None:
 
 
 class DocPipeline:
-    """The configured per-document stages, built once per worker (models and lists loaded here)."""
+    """The configured per-document stages, built once per worker (models and lists loaded here).
+    `scorer`: the perplexity stage's texts -> perplexities callable, built by the caller (the
+    launch layer loads the model; this layer knows nothing of models)."""
 
-    def __init__(self, cs):
+    def __init__(self, cs, scorer=None):
         self.cs = cs
         self.names = doc_stage_names(cs.stages)
-        self.stages = [STAGES[n](cs) for n in self.names]
+        self.stages = [STAGES[n](cs, scorer=scorer) if n == "perplexity" and scorer is not None else STAGES[n](cs)
+                       for n in self.names]
         self.dedup = any(s in cs.stages for s in DEDUP_STAGES)
         self.hasher = MinHasher(cs.minhash_bands, cs.minhash_rows, cs.minhash_ngram, cs.minhash_seed) \
             if "near_dedup" in cs.stages else None
 
     def run(self, docs: List[Doc]) -> Tuple[List[Doc], Dict[str, int]]:
         counts: Dict[str, int] = {}
-        out: List[Doc] = []
-        live = docs
+        # Documents the reader already removed (an HTML page with no text: "html:no_text").
+        out: List[Doc] = [d for d in docs if d.get("reason")]
+        live = [d for d in docs if not d.get("reason")]
         for st in self.stages:
             res = st.process(live)
             for k, v in res.counts.items():

@@ -24,7 +24,7 @@ ROW_BITS = 32
 class InputFile:
     index: int    # position in the sorted input file list
     uri: str
-    format: str   # text | jsonl | parquet
+    format: str   # text | jsonl | parquet | html | warc | pydoc
     name: str     # path relative to the source root (ids and report locations)
     size: int     # bytes of this piece
     # A piece of a large file: bytes [start, end) of a JSONL file (cut after a newline), or row
@@ -200,7 +200,91 @@ def read_file(f: InputFile, text_field: str, id_field: str, bad: BadRows) -> Lis
                     docs.append(_doc(f, row, text, i, where))
                 row += 1
         return docs
+    if f.format == "html":  # one document per file: trafilatura's main text
+        with fs.open_input_stream(path) as s:
+            raw = s.read()
+        return [_html_doc(f, 0, raw, None, f.name)]
+    if f.format == "warc":
+        return _read_warc(f, fs, path, bad)
     raise ValueError(f"{f.uri}: unknown format {f.format!r}")
+
+
+HTML_EXT = (".html", ".htm")
+WARC_EXT = (".warc", ".warc.gz")
+
+
+def infer_markup_format(name: str, declared: str, current: str) -> str:
+    """html / warc for `curate.format` html|warc, or for auto by extension; else `current`."""
+    if declared in ("html", "warc"):
+        return declared
+    low = name.lower()
+    if declared == "auto" and low.endswith(HTML_EXT):
+        return "html"
+    if declared == "auto" and low.endswith(WARC_EXT):
+        return "warc"
+    return current
+
+
+def extract_main_text(html) -> str:
+    """trafilatura's main text of a page (navigation, footers, comments left out); "" if none."""
+    import trafilatura
+
+    return (trafilatura.extract(html, include_comments=False, include_tables=True, favor_precision=False,
+                                deduplicate=False) or "").strip()
+
+
+def _html_doc(f: InputFile, row: int, raw: bytes, doc_id, default_id: str, charset: str = "") -> dict:
+    """A page's document; with no extractable text it comes pre-removed ("html:no_text")."""
+    html = raw.decode(charset or "utf-8", errors="replace") if charset else raw
+    try:
+        text = extract_main_text(html)
+    except Exception:  # lxml on a page it cannot parse at all
+        text = ""
+    d = _doc(f, row, text, doc_id, default_id)
+    if not text:
+        d["reason"] = "html:no_text"
+    return d
+
+
+def _read_warc(f: InputFile, fs, path: str, bad: BadRows) -> List[dict]:
+    """One document per response record with an HTML payload; id = its WARC-Target-URI, order
+    = the record's number in the file. A record that cannot be read is a bad row
+    ("<file>:record<n>"); a file whose framing breaks is read up to there."""
+    from warcio.archiveiterator import ArchiveIterator
+
+    docs: List[dict] = []
+    n = 0
+    with fs.open_input_stream(path) as s:
+        it = iter(ArchiveIterator(s))
+        while True:
+            where = f"{f.name}:record{n}"
+            try:
+                rec = next(it)
+            except StopIteration:
+                break
+            except Exception as e:  # ArchiveLoadFailed, bad gzip member, bad header
+                bad.add("bad_warc_record", f"{where} ({type(e).__name__})")
+                break
+            try:
+                if rec.rec_type == "response" and rec.http_headers is not None:
+                    ctype = rec.http_headers.get_header("Content-Type") or ""
+                    if "html" in ctype.lower():
+                        raw = rec.content_stream().read()
+                        cs = ""
+                        for part in ctype.split(";")[1:]:
+                            k, _, v = part.strip().partition("=")
+                            if k.lower() == "charset":
+                                cs = v.strip().strip('"')
+                        try:
+                            "".encode(cs or "utf-8")
+                        except LookupError:
+                            cs = "utf-8"
+                        uri = rec.rec_headers.get_header("WARC-Target-URI")
+                        docs.append(_html_doc(f, n, raw, uri, where, cs or "utf-8"))
+            except Exception as e:  # a payload that does not decode (bad chunking, bad gzip)
+                bad.add("bad_warc_record", f"{where} ({type(e).__name__})")
+            n += 1
+    return docs
 
 
 def read_block(block: Block, text_field: str, id_field: str, bad: BadRows) -> List[dict]:
