@@ -69,4 +69,6 @@ def test_data_curate_refuses_dedup_and_unknown_stages_in_one_line():
         check_data_curate(load_config(None, ["data.curate=[unicode,near_dedup]"]))
     with pytest.raises(ConfigError, match="unknown stage 'nope'"):
         check_data_curate(load_config(None, ["data.curate=[nope]"]))
+    with pytest.raises(ConfigError, match="perplexity scores documents under a model"):
+        check_data_curate(load_config(None, ["data.curate=[perplexity]"]))
     check_data_curate(load_config(None, ["data.curate=[unicode,pii]"]))  # fine

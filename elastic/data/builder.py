@@ -111,8 +111,9 @@ class ShardPacker:
         out: Dict[str, list] = {"name": [], "index": [], "status": [], "payload": []}
         for name, index in zip(batch["name"], batch["index"]):
             name, index = str(name), int(index)
+            after = None  # a shard handed to this packer and built: delivered with the next permit call
             while True:  # the builder may hand this packer a shard a reader waits for first
-                decision, got, attempt = ray.get(self.builder.permit.remote(name, index, self.pipeline))
+                decision, got, attempt = ray.get(self.builder.permit.remote(name, index, self.pipeline, after))
                 if decision != BUILD:
                     break
                 gname, gidx = got
@@ -124,10 +125,15 @@ class ShardPacker:
                     except Exception:
                         payload = pickle.dumps(DataError(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
                     status = "error"
+                if (gname, gidx) != (name, index):
+                    # Not this row's shard: hand its record over now (the row's output only
+                    # leaves when the row is done, and the row may wait for the readers, who may
+                    # wait for this shard).
+                    after = (gname, gidx, status, payload)
+                    continue
                 for k, v in (("name", gname), ("index", gidx), ("status", status), ("payload", payload)):
                     out[k].append(v)
-                if (gname, gidx) == (name, index):
-                    break
+                break
         return {"name": np.array(out["name"], dtype=object), "index": np.array(out["index"], dtype=np.int64),
                 "status": np.array(out["status"], dtype=object), "payload": np.array(out["payload"], dtype=object)}
 
@@ -334,17 +340,28 @@ class StoreBuilder:
                 return k
         return None
 
-    async def permit(self, name: str, index: int, pipeline: int) -> Tuple[str, Tuple[str, int], int]:
+    async def permit(self, name: str, index: int, pipeline: int,
+                     after: Optional[Tuple[str, int]] = None) -> Tuple[str, Tuple[str, int], int]:
         """A packer of `pipeline` is about to build shard `index` (its input row). Answers
         ("build", shard, attempt): build `shard` (the row's own once it is wanted, or a shard a
         reader waits for that nothing else will reach), or ("skip", ...) when the row's shard is
-        built, in the cache, or someone else's."""
+        built, in the cache, or someone else's. `after`: (name, index, status, payload) of a
+        shard this packer was handed and has built, delivered here rather than in the row's
+        output (which leaves only when the row is done)."""
         k = (name, index)
         if self.closing:
             return SKIP, k, 0
         p = self.pipelines.get(pipeline)
         if p is not None:
             p.dispatched.add(index)
+        if after is not None:  # a shard this packer was handed, built: its record
+            a, status, payload = (str(after[0]), int(after[1])), after[2], after[3]
+            if status == "ok":
+                self.stats["built"] += 1
+                self._resolve(a, meta=pickle.loads(payload))
+            else:
+                self._resolve(a, error=pickle.loads(payload))
+            await self._notify()
         mine = [s for s, c in self.claims.items() if c == (pipeline, index)]
         if mine:  # our own earlier attempt died with its actor: this is the retry
             got = mine[0]

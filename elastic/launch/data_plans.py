@@ -137,6 +137,9 @@ def check_data_curate(cfg: Config) -> None:
     if dedup:
         raise ConfigError(f"data.curate: {dedup[0]} is global (it compares documents across the corpus): "
                           "run jobs/curate.py, then train on its output")
+    if "perplexity" in stages:
+        raise ConfigError("data.curate: perplexity scores documents under a model: run jobs/curate.py with "
+                          "curate.perplexity_model, then train on its output")
     unknown = [x for x in stages if x not in STAGES]
     if unknown:
         raise ConfigError(f"data.curate: unknown stage {unknown[0]!r} (known: {', '.join(sorted(STAGES))})")
