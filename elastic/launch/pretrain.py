@@ -87,7 +87,7 @@ def worker_env() -> dict:
 # same for its actors) runs at 0, as Ray's job supervisor sets for the driver of `ray job
 # submit`; Ray Train's bookkeeping actors stay at 15. The variable only keeps Ray from raising
 # the niceness: nothing is lowered, so no privilege is needed. Measured with
-# bench/step_overhead.py on 2 cores (README "Measured", "step inside the product").
+# bench/step_overhead.py on 2 cores (docs/benchmarks.md, "step inside the product").
 JOB_WORK_ENV = {"RAY_worker_niceness": "0"}
 TRAIN_WORKER_ENV = {**JOB_WORK_ENV, "OMP_NUM_THREADS": "1"}  # OMP_NUM_THREADS: see worker_env
 

@@ -45,7 +45,7 @@ when nothing costs time above its threshold (it limits what you can change next,
 micro-batch, rather than costing time now); it also turns the communication lever towards
 activation checkpointing. Compute is named when no other class is a finding.
 
-MFU on CPU is nominal (README "MFU"): on a CPU device, or when the device is unknown, the
+MFU on CPU is nominal (docs/report.md#metrics): on a CPU device, or when the device is unknown, the
 compute verdict is never drawn from MFU. It says only that nothing waits and what share of the
 step is compute, and names the device. On CUDA, MFU below `GPU_LOW_MFU` (30%) with nothing
 waiting is "compute efficiency" (compile, fused kernels, flash attention); at or above it the
@@ -497,7 +497,7 @@ def _compute(tf: Dict[str, Any], device: str, config: Optional[Dict[str, Any]]) 
                        f"compute-bound at MFU {_pct(mfu)} on {device}; nothing waits ({waits}).",
                        "more devices (scaling.max_workers): the step is doing useful math")
     share = f"compute is {_pct(cs)} of step time" if _num(cs) else "the step is not broken down"
-    mfu_note = f"; MFU {_pct(mfu)} is nominal on {device} (README 'MFU') and is not the evidence" if _num(mfu) else ""
+    mfu_note = f"; MFU {_pct(mfu)} is nominal on {device} (docs/report.md#metrics) and is not the evidence" if _num(mfu) else ""
     return Finding("compute", cs if _num(cs) else 1.0, None,
                    f"on {device} nothing waits above its threshold ({waits}): {share}{mfu_note}.",
                    f"compute-bound: more cores per worker, scaling.cpus_per_worker{_now(config, 'scaling.cpus_per_worker')}, "

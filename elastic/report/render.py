@@ -76,7 +76,7 @@ def summary_rows(run: RunData, diag: Diagnosis) -> List[Sequence[Any]]:
         ("loss", f"{_f(first_loss)} → {_f(losses[-1] if losses else None)} (mean of the last 10: {_f(_mean_last(losses))})"),
         ("validation loss", f"best {_f(min(v for _, v in val))} at step {min(val, key=lambda p: p[1])[0]}, last {_f(val[-1][1])} at step {val[-1][0]}" if val else "n/a"),
         ("tokens", f"{tokens:,} (real tokens); {_f(f.get('tokens_per_s_mean'), ',.0f')} tokens/s mean over {diag.steps_analyzed} steady steps"),
-        ("MFU", f"{_pct(f.get('mfu_mean'))}" + ("" if diag.device.startswith("cuda") else f" (nominal on {diag.device}: a relative figure, README 'MFU')")),
+        ("MFU", f"{_pct(f.get('mfu_mean'))}" + ("" if diag.device.startswith("cuda") else f" (nominal on {diag.device}: a relative figure, docs/report.md#metrics)")),
         ("wall time", _dur(wall) + (" (first worker start to last step)" if run.summary is None and wall else "")),
         ("goodput", _pct(f.get("goodput"))),
         ("restarts", f"{len(restarts)}" + (f" ({', '.join(f'{n} {c}' for c, n in sorted(causes.items()))})" if causes else "")),

@@ -84,7 +84,7 @@ def weight_negatives(advantages: torch.Tensor, weight: float) -> torch.Tensor:
     W-REINFORCE (Zhu et al. 2025, "The Surprising Effectiveness of Negative Reinforcement in LLM
     Reasoning") splits the policy gradient into pulling passing samples up and pushing failing
     ones down, and weights the second by lambda. That it helps our small, sharply fine-tuned
-    policy is measured (README "Measured", GRPO default: the same run at weight 1 stays flat
+    policy is measured (docs/benchmarks.md, GRPO default: the same run at weight 1 stays flat
     and its entropy rises); why is our reading: a failing program is mostly confident tokens
     after one bad one, so pushing all of them down is mostly noise, while the passing
     samples' pull sharpens the policy towards programs that work. ``weight`` 1 is plain GRPO,
