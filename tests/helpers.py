@@ -21,6 +21,14 @@ def make_text_corpus(d: Path, n_docs: int = 60, seed: int = 0, max_words: int = 
     return d
 
 
+def ledger_by_step(path) -> dict:
+    """step -> the global batch's sample ids (ranks in order), from a run's ledger.jsonl."""
+    by: dict = {}
+    for r in read_jsonl(path):
+        by.setdefault(r["step"], {})[r["rank"]] = r["sample_ids"]
+    return {s: sum((v[k] for k in sorted(v)), []) for s, v in by.items()}
+
+
 def small_run_overrides(storage: Path, name: str, corpus: Path, steps: int, **extra) -> List[str]:
     """A run small enough for a 2-core CI machine: 2 workers, tiny model, seq 64, batch 8."""
     o = {

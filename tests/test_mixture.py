@@ -15,7 +15,7 @@ from elastic.data.cursor import split_sample_id
 from elastic.data.mixture import MixCursor, cumulative_counts, exact_weights, step_counts
 from elastic.launch.data_plans import plan_job_data
 from elastic.launch.pretrain import run_pretraining
-from tests.helpers import make_text_corpus, read_jsonl, small_run_overrides
+from tests.helpers import ledger_by_step, make_text_corpus, read_jsonl, small_run_overrides
 
 
 def test_exact_weights_are_the_decimal_fractions():
@@ -60,11 +60,6 @@ def _mixture_overrides(store, name, corpora, **extra):
     return o + [f"data.mixture={mix}"]
 
 
-def _ledger(path):
-    by = {}
-    for r in read_jsonl(path):
-        by.setdefault(r["step"], {})[r["rank"]] = r["sample_ids"]
-    return {s: sum((v[k] for k in sorted(v)), []) for s, v in by.items()}
 
 
 def test_mixture_run_resumes_exactly_at_another_world_size(ray_local, tmp_path):
@@ -82,7 +77,7 @@ def test_mixture_run_resumes_exactly_at_another_world_size(ray_local, tmp_path):
         "scaling.min_workers": 1, "scaling.max_workers": 1})), progress=False)  # resumed on one worker
     assert b.summary["last_step"] == STEPS
 
-    la, lb = _ledger(store / "a" / "ledger.jsonl"), _ledger(store / "b" / "ledger.jsonl")
+    la, lb = ledger_by_step(store / "a" / "ledger.jsonl"), ledger_by_step(store / "b" / "ledger.jsonl")
     assert sorted(la) == list(range(1, STEPS + 1))
     for s in la:  # the same samples in every step (rank split differs: 2 workers, then 1)
         assert sorted(la[s]) == sorted(lb[s]), s

@@ -22,7 +22,7 @@ from elastic.config import load_config
 from elastic.data import DataError
 from elastic.data.ray_dataset import snapshot_dataset
 from elastic.launch.pretrain import run_pretraining
-from tests.helpers import WORDS, read_jsonl, small_run_overrides
+from tests.helpers import WORDS, ledger_by_step, read_jsonl, small_run_overrides
 
 STEPS, KILL_AFTER = 12, 3
 
@@ -37,11 +37,6 @@ def _overrides(store, name, **extra):
     return [x for x in o if not x.startswith(("data.source=", "data.glob="))]
 
 
-def _ledger(path):
-    by = {}
-    for r in read_jsonl(path):
-        by.setdefault(r["step"], {})[r["rank"]] = r["sample_ids"]
-    return {s: sum((v[k] for k in sorted(v)), []) for s, v in by.items()}
 
 
 DRIVER = r"""
@@ -79,7 +74,7 @@ def test_user_dataset_trains_and_resumes_exactly_after_a_kill(ray_local, tmp_pat
     b = run_pretraining(load_config(None, _overrides(store, "b")), dataset=shuffled, progress=False)
     assert b.summary["last_step"] == STEPS
 
-    la, lb = _ledger(store / "a" / "ledger.jsonl"), _ledger(store / "b" / "ledger.jsonl")
+    la, lb = ledger_by_step(store / "a" / "ledger.jsonl"), ledger_by_step(store / "b" / "ledger.jsonl")
     assert lb == la  # the same samples, in the same steps, on the same ranks
     ma = {r["step"]: r for r in read_jsonl(store / "a" / "metrics.jsonl")}
     mb = {r["step"]: r for r in read_jsonl(store / "b" / "metrics.jsonl")}  # the last record of each step

@@ -9,16 +9,11 @@ import numpy as np
 
 from elastic.config import load_config
 from elastic.launch.pretrain import run_pretraining
-from tests.helpers import make_text_corpus, read_jsonl, small_run_overrides
+from tests.helpers import ledger_by_step, make_text_corpus, read_jsonl, small_run_overrides
 
 STEPS, STOP = 6, 3
 
 
-def _ledger_by_step(path):
-    by = {}
-    for r in read_jsonl(path):
-        by.setdefault(r["step"], {})[r["rank"]] = r["sample_ids"]
-    return {s: sum((v[k] for k in sorted(v)), []) for s, v in by.items()}
 
 
 def test_stop_and_resume_matches_uninterrupted_run(ray_local, tmp_path):
@@ -37,7 +32,7 @@ def test_stop_and_resume_matches_uninterrupted_run(ray_local, tmp_path):
     np.testing.assert_allclose([r["lr"] for r in mb], [r["lr"] for r in ma], rtol=1e-12)
     np.testing.assert_allclose([r["loss"] for r in mb], [r["loss"] for r in ma], rtol=1e-6)
     assert ma[-1]["loss"] < ma[0]["loss"]
-    la, lb = _ledger_by_step(store / "a" / "ledger.jsonl"), _ledger_by_step(store / "b" / "ledger.jsonl")
+    la, lb = ledger_by_step(store / "a" / "ledger.jsonl"), ledger_by_step(store / "b" / "ledger.jsonl")
     assert lb == la  # the same samples, in the same steps, on the same ranks
     ids = [i for s in sorted(la) for i in la[s]]
     assert len(ids) == len(set(ids)) == STEPS * 8

@@ -50,7 +50,8 @@ class BadRows:
         return cls(counts=dict(d.get("counts", {})), examples=list(d.get("examples", [])), keep=keep)
 
 
-def _decode(raw: bytes, where: str, bad: BadRows):
+def decode_text(raw: bytes, where: str, bad: BadRows):
+    """UTF-8 text of a document, or None after counting it as invalid_utf8 / empty_text."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -66,7 +67,7 @@ def _row_text(value, where: str, field_name: str, bad: BadRows):
     """The one rule for a row's text field (JSONL and Parquet alike): text or UTF-8 bytes that
     are not blank; anything else is recorded as a bad row and yields None."""
     if isinstance(value, bytes):
-        return _decode(value, where, bad)
+        return decode_text(value, where, bad)
     if not isinstance(value, str):
         bad.add("missing_field", f"{where} (no text in field {field_name!r})")
         return None
@@ -79,7 +80,7 @@ def _row_text(value, where: str, field_name: str, bad: BadRows):
 def _read_text(p: Piece, bad: BadRows) -> Iterator[str]:
     fs, path = filesystem_for(p.uri)
     with fs.open_input_stream(path) as s:
-        text = _decode(s.read(), p.uri, bad)
+        text = decode_text(s.read(), p.uri, bad)
     if text is not None:
         yield text
 

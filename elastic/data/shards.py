@@ -10,7 +10,7 @@ data cursor points into the shard sequence, so resuming never re-reads earlier s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -72,15 +72,21 @@ def plan_shards(files: List[SourceFile], shard_bytes: int, seed: Optional[int] =
     pieces = [p for f in files for p in _pieces_of(f, shard_bytes)]
     if seed is not None:
         pieces = [pieces[i] for i in np.random.default_rng([seed, 2]).permutation(len(pieces))]
-    shards: List[Shard] = []
-    cur: List[Piece] = []
+    return [Shard(i, group) for i, group in enumerate(group_by_size(pieces, shard_bytes))]
+
+
+def group_by_size(items: Sequence, limit: int) -> List[tuple]:
+    """Consecutive runs of `items` (each with a `.size`) of at most `limit` bytes, an item never
+    split (one larger than `limit` is a run of its own); order kept."""
+    groups: List[tuple] = []
+    cur: list = []
     acc = 0
-    for p in pieces:
-        if cur and acc + p.size > shard_bytes:
-            shards.append(Shard(len(shards), tuple(cur)))
+    for it in items:
+        if cur and acc + it.size > limit:
+            groups.append(tuple(cur))
             cur, acc = [], 0
-        cur.append(p)
-        acc += p.size
+        cur.append(it)
+        acc += it.size
     if cur:
-        shards.append(Shard(len(shards), tuple(cur)))
-    return shards
+        groups.append(tuple(cur))
+    return groups

@@ -14,7 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import List, Tuple
 
-from elastic.data.documents import NOT_A_ROW, BadRows, _row_text, json_row
+from elastic.data.documents import NOT_A_ROW, BadRows, _row_text, decode_text, json_row
+from elastic.data.shards import group_by_size
 from elastic.data.sources import filesystem_for
 
 ROW_BITS = 32
@@ -104,18 +105,8 @@ def plan_blocks(files: List[InputFile], block_bytes: int) -> List[Block]:
     """Files (large ones split, see split_file) grouped in order into blocks of about
     `block_bytes`. Depends only on the file list and sizes (and, for split files, where their
     newlines or row groups are)."""
-    blocks: List[Block] = []
-    cur: List[InputFile] = []
-    acc = 0
-    for f in (p for g in files for p in split_file(g, block_bytes)):
-        if cur and acc + f.size > block_bytes:
-            blocks.append(Block(len(blocks), tuple(cur)))
-            cur, acc = [], 0
-        cur.append(f)
-        acc += f.size
-    if cur:
-        blocks.append(Block(len(blocks), tuple(cur)))
-    return blocks
+    parts = [p for g in files for p in split_file(g, block_bytes)]
+    return [Block(i, group) for i, group in enumerate(group_by_size(parts, block_bytes))]
 
 
 def _doc(f: InputFile, row: int, text: str, doc_id, default_id: str) -> dict:
@@ -153,16 +144,8 @@ def read_file(f: InputFile, text_field: str, id_field: str, bad: BadRows) -> Lis
         return [_doc(f, 0, text, None, f.name)] if text.strip() else docs  # no docstrings: no document
     if f.format == "text":
         with fs.open_input_stream(path) as s:
-            raw = s.read()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            bad.add("invalid_utf8", f"{f.name} (byte {e.start})")
-            return docs
-        if not text.strip():
-            bad.add("empty_text", f.name)
-            return docs
-        return [_doc(f, 0, text, None, f.name)]
+            text = decode_text(s.read(), f.name, bad)
+        return [_doc(f, 0, text, None, f.name)] if text is not None else docs
     if f.format == "jsonl":
         with fs.open_input_file(path) as s:
             s.seek(f.start)
