@@ -16,8 +16,7 @@ import pytest
 
 from elastic.config import load_config
 from elastic.launch.dpo import run_dpo
-from tests.helpers import read_jsonl
-from tests.test_resume import _ledger_by_step
+from tests.helpers import ledger_by_step, read_jsonl
 
 WORDS = ["alpha", "beta", "gamma", "delta", "elastic", "ray", "torch", "shard"]
 
@@ -82,7 +81,7 @@ def test_dpo_trains_resumes_exactly_at_another_world_size_and_precomputes(ray_lo
     np.testing.assert_allclose([r["loss"] for r in mb], [r["loss"] for r in ma], rtol=1e-5)
     np.testing.assert_allclose([r["reward_margin"] for r in mb], [r["reward_margin"] for r in ma], rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose([r["heldout_loss"] for r in mb if "heldout_loss" in r], [r["heldout_loss"] for r in evals], rtol=1e-5)
-    assert _ledger_by_step(store / "a" / "ledger.jsonl") == _ledger_by_step(store / "b" / "ledger.jsonl")
+    assert ledger_by_step(store / "a" / "ledger.jsonl") == ledger_by_step(store / "b" / "ledger.jsonl")
 
     # Reference log-probs precomputed with Ray Data: the same training; the table is stored and reused.
     # (the same 6-step schedule as run a, stopped after step 3)

@@ -15,8 +15,7 @@ from elastic.data.chat import ChatFormat, render_prompt, render_segments, tokeni
 from elastic.data.documents import read_shard
 from elastic.data.tokenizer import from_json
 from elastic.launch.pretrain import run_pretraining
-from tests.helpers import open_store, read_jsonl, whole_epoch
-from tests.test_resume import _ledger_by_step
+from tests.helpers import ledger_by_step, open_store, read_jsonl, whole_epoch
 
 PROMPT = "Add the two numbers in the input and print the sum."
 ANSWER = "```c\n#include <stdio.h>\nint main(){long a,b;scanf(\"%ld %ld\",&a,&b);printf(\"%ld\\n\",a+b);}\n```"
@@ -136,7 +135,7 @@ def test_code_opt_sft_lowers_heldout_loss_and_resumes_exactly(ray_local, tmp_pat
     assert [r["step"] for r in mb] == list(range(1, steps + 1))
     np.testing.assert_allclose([r["loss"] for r in mb], [r["loss"] for r in ma], rtol=1e-6)
     np.testing.assert_allclose([r["val_loss"] for r in mb if "val_loss" in r], vals, rtol=1e-6)
-    assert _ledger_by_step(store / "a" / "ledger.jsonl") == _ledger_by_step(store / "b" / "ledger.jsonl")
+    assert ledger_by_step(store / "a" / "ledger.jsonl") == ledger_by_step(store / "b" / "ledger.jsonl")
 
 
 def test_sft_starts_from_a_hugging_face_directory(ray_local, tmp_path):
