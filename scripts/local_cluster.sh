@@ -7,9 +7,15 @@
 #            like the reward-cpu group
 #
 # Everything lives in one state dir (default /tmp/elastic-ray; keep it short: Ray's socket
-# paths must stay under ~107 characters): the token, the addresses, each node's start log,
-# and one Ray temp dir shared by all nodes (as on one machine with several `ray start`s; the
-# job log API assumes every node of a machine writes under the same session dir).
+# paths must stay under ~107 characters): the token, the addresses, and per node its start
+# log and its own Ray temp dir (<dir>/<node>/ray), as if each node were its own machine.
+# Why not one temp dir for all: every node's runtime-env agent unpacks a job's working_dir
+# into <session>/runtime_resources/working_dir_files/, and Ray's working_dir plugin deletes
+# and re-unpacks that directory the first time each node needs it (overwrite=True). With one
+# shared dir, a second node unpacking it for its first worker of a job deleted the files the driver
+# on the cpu node was importing (ModuleNotFoundError, intermittently). Logs stay in one place:
+# every node's session logs dir is the head's (a symlink), because the Jobs API reads a
+# job's log from the head's logs dir while the driver writes it under its own node's.
 # Token auth is always on; the token is generated into <dir>/token (mode 600), never into
 # ~/.ray/auth_token. Every port is chosen free at start, so several clusters can coexist.
 # `stop` and `remove-node` kill exactly this cluster's processes (found by an environment
@@ -124,10 +130,18 @@ start_node() {
   local ndir="$DIR/$name" nm om al ag re me
   mkdir -p "$ndir"
   read -r nm om al ag re me <<< "$(free_ports 6)"
+  if [[ "$name" != head ]]; then
+    # Own temp dir, but the head's logs dir: the Jobs API reads a job's driver log from the
+    # head's session logs, while the driver (on a cpu node) writes it under its own node's.
+    local session
+    session=$(basename "$(readlink -f "$DIR/head/ray/session_latest")") || die "no head session in $DIR/head/ray"
+    mkdir -p "$ndir/ray/$session"
+    ln -sfn "$DIR/head/ray/$session/logs" "$ndir/ray/$session/logs"
+  fi
   # setsid: the node does not share the caller's process group (a Ctrl-C in the shell that
   # ran `start` must not kill the cluster).
   env "$MARKER=$ndir" RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH="$DIR/token" \
-    setsid "$RAY" start --temp-dir "$DIR/ray" --disable-usage-stats \
+    setsid "$RAY" start --temp-dir "$ndir/ray" --disable-usage-stats \
       --node-manager-port "$nm" --object-manager-port "$om" \
       --dashboard-agent-listen-port "$al" --dashboard-agent-grpc-port "$ag" \
       --runtime-env-agent-port "$re" --metrics-export-port "$me" \

@@ -104,6 +104,25 @@ def _submit(c, args: List[str], timeout: float, wait: bool = True, env=None) -> 
     return _run(cmd + ["--", "python", "jobs/pretrain.py", *args], env or c["client"], timeout)
 
 
+def _evidence(c) -> str:
+    """What a failed submission leaves on the cluster, for the assertion message: each
+    unpacked working dir with its file count (and whether elastic/data/mixture.py is in it),
+    and the log lines that name an import error. The fixture deletes the cluster dir after
+    the module, so this is the only trace a CI failure keeps."""
+    root = c["dir"]
+    lines = []
+    for pkg in sorted(root.glob("*/ray/session_*/runtime_resources/working_dir_files/*")):
+        if pkg.is_dir():
+            n = sum(1 for _ in pkg.rglob("*.py"))
+            lines.append(f"{pkg.parents[4].name}: unpacked {pkg.name}: {n} .py files, mixture.py={(pkg / 'elastic/data/mixture.py').exists()}")
+    for log in sorted(root.glob("head/ray/session_*/logs/*")):  # every node logs here (symlinks)
+        if log.is_file() and log.suffix in (".out", ".err", ".log"):
+            text = log.read_text(errors="replace")
+            hits = [ln for ln in text.splitlines() if "ModuleNotFoundError" in ln or "ImportError" in ln]
+            lines += [f"{log.name}: {h[:300]}" for h in hits[:3]]
+    return "\n".join(lines[-40:]) or "(no unpacked working dir and no import errors in the Ray logs)"
+
+
 def _status(c, job_id: str) -> str:
     """The job's status from the Jobs REST API, with the token as a bearer header."""
     import requests
@@ -157,7 +176,7 @@ def test_submit_tiny_pretraining_succeeds_with_a_checkpoint(cluster, tmp_path):
     args = TINY + ["--set", "train.steps=4", "--set", f"run.storage_path={runs}", "--set", "run.name=e2e"]
     r = _submit(cluster, args, timeout=400)
     out = r.stdout + r.stderr
-    assert r.returncode == 0, f"ray job submit failed (rc {r.returncode}):\n{out[-4000:]}"
+    assert r.returncode == 0, f"ray job submit failed (rc {r.returncode}):\n{out[-4000:]}\n{_evidence(cluster)}"
     assert _status(cluster, _job_id(out)) == "SUCCEEDED"
     run_dir = runs / "e2e"
     assert f"run directory: {run_dir}" in out, "the job log names the run directory"
