@@ -27,6 +27,22 @@ def _plt():
     return plt
 
 
+def _finish(plt, fig, ax, path: str, xlabel: str, ylabel: str, title: str, xlog: bool = True, ylog: bool = False) -> str:
+    """The part every ladder plot shares: axes, labels, legend, save at 110 dpi, close."""
+    if xlog:
+        ax.set_xscale("log")
+    if ylog:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def loss_vs_flops(path: str, recs: Sequence[dict], held: Sequence[str], consts: Dict[str, float]) -> str:
     """Loss vs FLOPs per model size (x: C FLOPs, log; y: val loss nats/token) with fitted curves."""
     plt = _plt()
@@ -41,15 +57,8 @@ def loss_vs_flops(path: str, recs: Sequence[dict], held: Sequence[str], consts: 
             ax.scatter(r["C"], r["val_loss"], color=col, facecolors="none" if r["name"] in held else col, s=36, zorder=3)
         cs = np.geomspace(min(r["C"] for r in recs) / 2, max(r["C"] for r in recs) * 2, 100)
         ax.plot(cs, predict_loss(n, cs / fpt, consts), color=col, lw=1, label=f"N {n:.3g}")
-    ax.set_xscale("log")
-    ax.set_xlabel("training FLOPs C")
-    ax.set_ylabel("held-out val loss (nats/token)")
-    ax.set_title("loss vs compute per model size; lines: approach-3 fit (hollow: held out)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, "training FLOPs C", "held-out val loss (nats/token)",
+                   "loss vs compute per model size; lines: approach-3 fit (hollow: held out)")
 
 
 def isoflop_plot(path: str, recs: Sequence[dict], iso, held: Sequence[str] = ()) -> str:
@@ -72,15 +81,8 @@ def isoflop_plot(path: str, recs: Sequence[dict], iso, held: Sequence[str] = ())
             x = np.log(ns)
             ax.plot(ns, b["p0"] * x * x + b["p1"] * x + b["p2"], color=col, lw=1)
             ax.scatter([b["N_opt"]], [b["L_opt"]], marker="*", s=120, color=col, edgecolors="k", zorder=4)
-    ax.set_xscale("log")
-    ax.set_xlabel("parameters N")
-    ax.set_ylabel("held-out val loss (nats/token)")
-    ax.set_title("IsoFLOP profiles (approach 2): parabola in ln N per budget, * = minimum")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, "parameters N", "held-out val loss (nats/token)",
+                   "IsoFLOP profiles (approach 2): parabola in ln N per budget, * = minimum")
 
 
 def frontier_plot(path: str, recs: Sequence[dict], fit, iso, level: float = 0.95) -> str:
@@ -102,16 +104,8 @@ def frontier_plot(path: str, recs: Sequence[dict], fit, iso, level: float = 0.95
                     label=f"approach 2: N* ~ C^{iso.n_opt_law['a']:.2f}")
     ax.scatter([r["C"] for r in recs], [r["N"] for r in recs], color="0.6", s=12, label="cells")
     ax.plot(cs, np.sqrt(cs / 120.0), color="0.3", ls=":", lw=1, label="20 tokens/param (C = 120 N^2)")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("training FLOPs C")
-    ax.set_ylabel("compute-optimal parameters N*")
-    ax.set_title("compute-optimal frontier")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, "training FLOPs C", "compute-optimal parameters N*",
+                   "compute-optimal frontier", ylog=True)
 
 
 def predicted_vs_actual(path: str, fitted_rows: Sequence[dict], held_rows: Sequence[dict]) -> str:
@@ -130,14 +124,8 @@ def predicted_vs_actual(path: str, fitted_rows: Sequence[dict], held_rows: Seque
         ax.errorbar(r["actual"], r["predicted"], yerr=yerr, fmt="o", color="C3", ms=6, capsize=3)
     if held_rows:
         ax.scatter([], [], color="C3", label="held out (predicted from the others)")
-    ax.set_xlabel("actual val loss")
-    ax.set_ylabel("predicted val loss")
-    ax.set_title("approach 3: predicted vs actual")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, "actual val loss", "predicted val loss",
+                   "approach 3: predicted vs actual", xlog=False)
 
 
 def write_all(out_dir: str, recs: Sequence[dict], held: Sequence[str], fit, iso, res: dict) -> List[str]:
