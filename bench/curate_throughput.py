@@ -254,7 +254,7 @@ def measure_ray(corpus: str, scratch: str, cpus: int) -> Dict[str, float]:
 
     from elastic.config.schema import CurateSection
     from elastic.launch.curate import run_curation
-    from elastic.launch.pretrain import worker_env
+    from elastic.launch.driver import worker_env
 
     ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": worker_env()})

@@ -4,10 +4,10 @@ Hugging Face transformers' generate() and the memory-bandwidth bound, in one run
 For each preset x batch size it generates `--new-tokens` greedy tokens after prompts of mixed
 lengths (uniform in [prompt_len/2, prompt_len]) with each system:
 
-  ours        elastic.model.generate.generate (static KV cache; CUDA: compiled step in CUDA
+  ours        elastic.generation.generate.generate (static KV cache; CUDA: compiled step in CUDA
               graphs, `--mode` to choose)
   recompute   the same engine with use_cache=False (full forward over every live sequence per step)
-  reference   elastic.model.generate_reference (the pre-engine path: left-padded growing cache
+  reference   elastic.generation.reference (the pre-engine path: left-padded growing cache
               with a dense mask per step)
   hf          transformers LlamaForCausalLM.generate (default dynamic cache, SDPA), built from a
               random config of the same shape and loaded with the same weights (nothing downloaded)
@@ -50,8 +50,8 @@ import torch  # noqa: E402
 
 from elastic.config import PRESETS  # noqa: E402
 from elastic.model import ModelArgs, Transformer  # noqa: E402
-from elastic.model.generate import generate  # noqa: E402
-from elastic.model.generate_reference import generate_reference  # noqa: E402
+from elastic.generation.generate import generate  # noqa: E402
+from elastic.generation.reference import generate_reference  # noqa: E402
 
 # Vocabulary per preset: the default data.vocab_size for tiny, the 32k the 125m preset is sized for.
 DEFAULT_VOCAB = {"tiny": 2048, "125m": 32000, "1b": 128256, "8b": 128256}

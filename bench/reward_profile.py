@@ -66,12 +66,12 @@ def profile(problem_dir: str, n: int) -> Dict[str, Any]:
     import subprocess
     import tempfile
 
-    from elastic.reward import launcher
-    from elastic.reward.evaluator import evaluate
-    from elastic.reward.problems import load_problem
-    from elastic.reward.programs import COMPILE, compile_limits, compiled, prepare_binary, run_limits
-    from elastic.reward.session import RunSession, sessions_available
-    from elastic.reward.sandbox import Sandbox, _user_tasks
+    from elastic.sandbox import launcher
+    from elastic.reward.verifiers.code_opt.evaluator import evaluate
+    from elastic.reward.verifiers.code_opt.problems import load_problem
+    from elastic.reward.verifiers.programs import COMPILE, compile_limits, compiled, prepare_binary, run_limits
+    from elastic.sandbox.session import RunSession, sessions_available
+    from elastic.sandbox.command import Sandbox, _user_tasks
     from elastic.reward.settings import EvalSettings
 
     sb = Sandbox()
@@ -101,7 +101,7 @@ def profile(problem_dir: str, n: int) -> Dict[str, Any]:
             os.close(err_r)
         spawn["spawn /bin/true: vfork+launcher (now)"] = via_launcher
     if sb.iso.wrapper == "bwrap":
-        from elastic.reward.isolation import BWRAP_BASE
+        from elastic.sandbox.isolation import BWRAP_BASE
 
         bwd = tempfile.mkdtemp()
         bw = ["bwrap", *BWRAP_BASE, *sb._system_binds, "--proc", "/proc", "--dev", "/dev", "--size",

@@ -65,8 +65,8 @@ def _sources(src: str, tag: str, n: int) -> List[str]:
 
 
 def baseline_eps(problem, sources: List[str], lang: str, stdin: Path, ref_out: bytes) -> float:
-    from elastic.reward.checkers import check
-    from elastic.reward.programs import COMPILE
+    from elastic.reward.verifiers.code_opt.checkers import check
+    from elastic.reward.verifiers.programs import COMPILE
 
     argv, name = COMPILE[lang]
     t0 = time.perf_counter()
@@ -84,7 +84,7 @@ def baseline_eps(problem, sources: List[str], lang: str, stdin: Path, ref_out: b
 
 
 def inprocess_eps(problem, sources: List[str], lang: str, cache: str) -> float:
-    from elastic.reward.evaluator import evaluate
+    from elastic.reward.verifiers.code_opt.evaluator import evaluate
     from elastic.reward.settings import EvalSettings
 
     settings = EvalSettings(timing="wall", timing_runs=1, warmup_runs=0, cache_dir=cache)
@@ -124,8 +124,8 @@ def _sequential(kind: str, problem_dir: str, sources: List[str], lang: str, cach
     """Runs inside a Ray actor: the baseline or the in-process sandboxed evaluations. With
     `start_at` (a time.time() value) the timed part waits for it, so that tasks started on
     several slots (each in a worker process that may have had to start first) overlap."""
-    from elastic.reward.problems import load_problem
-    from elastic.reward.timing import bench_input
+    from elastic.reward.verifiers.code_opt.problems import load_problem
+    from elastic.reward.verifiers.code_opt.timing import bench_input
 
     problem = load_problem(problem_dir)
     if kind == "baseline":
@@ -148,7 +148,7 @@ def one_rep(args) -> Dict[str, Any]:
     would win every contest for CPU on a machine shared with other Ray workers."""
     import ray
 
-    from elastic.reward.problems import load_problem
+    from elastic.reward.verifiers.code_opt.problems import load_problem
 
     pdir = Path(args.problem).resolve()
     problem = load_problem(pdir)
@@ -184,7 +184,7 @@ def one_rep(args) -> Dict[str, Any]:
 
 
 def _reference_output(problem, stdin: Path) -> bytes:
-    from elastic.reward.programs import COMPILE
+    from elastic.reward.verifiers.programs import COMPILE
 
     argv, name = COMPILE[problem.language]
     with tempfile.TemporaryDirectory() as d:
@@ -225,9 +225,9 @@ def dedup_figures(problem_dir: Path, src: str, lang: str, actors: int, items: in
 
 
 def cv_of_timings(problem, stdin: Path, mode: str, repeats: int):
-    from elastic.reward.evaluator import default_sandbox
-    from elastic.reward.programs import compile_limits, compiled
-    from elastic.reward.timing import measure
+    from elastic.reward.verifiers.programs import default_sandbox
+    from elastic.reward.verifiers.programs import compile_limits, compiled
+    from elastic.reward.verifiers.code_opt.timing import measure
 
     sb = default_sandbox()
     limits = compile_limits(60, 1024)
@@ -310,8 +310,8 @@ def main() -> None:
                   f"{args.actors} parallel baselines {rep['parallel_overhead_ratio']:.2f}x)  load "
                   f"{rep['loadavg_1m_before']:.1f} -> {rep['loadavg_1m_after']:.1f}", flush=True)
 
-    from elastic.reward.problems import load_problem
-    from elastic.reward.timing import bench_input
+    from elastic.reward.verifiers.code_opt.problems import load_problem
+    from elastic.reward.verifiers.code_opt.timing import bench_input
 
     pdir = Path(args.problem).resolve()
     problem = load_problem(pdir)

@@ -29,9 +29,9 @@ def run_or_exit_code(run, *args):
     """(run(*args), 0), or (None, exit code) after a one-line message for the failures a user
     can act on: bad config or input 2, the run directory in use 3, a cluster that cannot hold
     the run 4 (README "The pipeline"). Shared by every entry point."""
-    from elastic.launch.cluster import ClusterError
-    from elastic.launch.lease import LeaseHeld
-    from elastic.reward.problems import ProblemError
+    from elastic.launch.runtime.cluster import ClusterError
+    from elastic.launch.runtime.lease import LeaseHeld
+    from elastic.reward.verifiers.code_opt.problems import ProblemError
 
     try:
         return run(*args), 0
@@ -91,7 +91,7 @@ def main(argv=None, kind: str = "pretrain", default_config: str = "", doc: str =
     print(f"[elastic] events:      {os.path.join(res.records_dir or res.local_dir, 'events.jsonl')}")
     print(f"[elastic] logs:        {res.ray_logs} (worker output)")
     if s.get("restarts"):
-        from elastic.launch.recovery import analyze, format_table
+        from elastic.report.recovery import analyze, format_table
 
         print(format_table(analyze(res.records_dir or res.local_dir)))
     return 0

@@ -43,7 +43,7 @@ def ray_local():
 def pytest_report_header(config):
     """Say in every test log which sandbox isolation layers this machine provides."""
     try:
-        from elastic.reward.isolation import detect
+        from elastic.sandbox.isolation import detect
 
         return f"sandbox isolation layers: {detect().report()}"
     except Exception as e:  # the header must never break collection

@@ -7,7 +7,7 @@ from typing import List
 
 import numpy as np
 
-from elastic.launch.recovery import read_jsonl  # noqa: F401  (re-exported for tests)
+from elastic.report.recovery import read_jsonl  # noqa: F401  (re-exported for tests)
 
 WORDS = ["alpha", "beta", "gamma", "delta", "elastic", "ray", "torch", "shard", "\n", "def", "(", ")", "return", "x", "=", "1"]
 

@@ -27,7 +27,7 @@ import psutil
 import torch
 
 from elastic.launch import ledger
-from elastic.launch.recovery import analyze
+from elastic.report.recovery import analyze
 from elastic.model.dcp_io import read_model_state
 from tests.conftest import REPO
 from tests.helpers import make_text_corpus, read_jsonl, small_run_overrides

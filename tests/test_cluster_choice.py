@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from elastic.launch.cluster import FROM_ENV, PRIVATE, RECORDED, ClusterError, choose_cluster, record_file, shortfall
+from elastic.launch.runtime.cluster import FROM_ENV, PRIVATE, RECORDED, ClusterError, choose_cluster, record_file, shortfall
 
 
 @pytest.fixture

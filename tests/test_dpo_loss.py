@@ -1,4 +1,4 @@
-"""DPO math (elastic/rl/dpo_loss.py) and the job's loss function against hand-computed values:
+"""DPO math (elastic/rl/algorithms/dpo_loss.py) and the job's loss function against hand-computed values:
 the sigmoid, cDPO and IPO losses and their gradients, sequence log-probabilities summed over the
 answer only, and the policy equal to the reference (loss log 2, margins 0, and the gradient
 -β/2 · ∇[log π(y_w) − log π(y_l)])."""
@@ -12,7 +12,7 @@ import torch
 from elastic.config import ConfigError, from_dict
 from elastic.data.preference import PairSet
 from elastic.rl.dpo import make_dpo_loss, pair_batch
-from elastic.rl.dpo_loss import answer_logprobs, dpo_loss
+from elastic.rl.algorithms.dpo_loss import answer_logprobs, dpo_loss
 from elastic.train.loop import build_model
 from elastic.train.step import to_device
 from tests.test_fsdp_equivalence import CFG

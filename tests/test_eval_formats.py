@@ -25,7 +25,7 @@ import pytest
 from elastic.eval.formats import (READERS, EvalDataError, mmlu_description, read_docs, resolve_data_path,
                                   wikitext_detokenizer)
 from elastic.eval.spec import Doc, EvalConfigError, TaskSpec, load_spec, shipped_tasks_dir
-from elastic.reward.problems import ProblemError
+from elastic.reward.verifiers.code_opt.problems import ProblemError
 
 REPO = Path(__file__).resolve().parents[1]
 EVAL_DIR = REPO / "datasets" / "eval"

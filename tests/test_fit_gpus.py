@@ -1,4 +1,4 @@
-"""A GPU job fits the cluster it finds (elastic/launch/fit.py, scaling.fit).
+"""A GPU job fits the cluster it finds (elastic/launch/runtime/fit.py, scaling.fit).
 
 The first H100 run: the README's command asked for 2 workers x {GPU: 1} on a one-GPU machine,
 waited 60 s and stopped. These tests use a real `ray start` cluster that advertises GPUs it
@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 
 from elastic.config import load_config
-from elastic.launch.fit import fit_to_gpus
-from elastic.launch.local_cluster import LocalCluster
+from elastic.launch.runtime.fit import fit_to_gpus
+from elastic.launch.runtime.local_cluster import LocalCluster
 from tests.helpers import make_text_corpus, read_jsonl, small_run_overrides
 from tests.test_launch import _env, _run
 

@@ -1,4 +1,4 @@
-"""KV-cache generation (elastic/model/generate.py) against transformers and against itself.
+"""KV-cache generation (elastic/generation/generate.py) against transformers and against itself.
 
 Models are random-init transformers models (no download) with a wide init
 (initializer_range 0.3) so next-token distributions are peaked and greedy choices are not
@@ -11,7 +11,7 @@ between our own code paths (cache vs recompute, generation vs one forward pass),
 import pytest
 import torch
 
-from elastic.model.generate import filter_logits, generate
+from elastic.generation.generate import filter_logits, generate
 from elastic.model.hf import from_pretrained
 
 transformers = pytest.importorskip("transformers")

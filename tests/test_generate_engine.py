@@ -1,4 +1,4 @@
-"""The generation engine (elastic/model/generate.py, decoder.py, static_cache.py, sampling.py)
+"""The generation engine (elastic/generation/generate.py, decoder.py, static_cache.py, sampling.py)
 against the reference path, a teacher-forced forward and itself; plus CPU guards for what the
 CUDA path needs.
 
@@ -23,11 +23,11 @@ import pytest
 import torch
 
 from elastic.model import ModelArgs, Transformer
-from elastic.model.cuda_graphs import compiled_decode_step
-from elastic.model.decoder import CachedDecoder, decode_step
-from elastic.model.generate import generate, run_decoder
-from elastic.model.generate_reference import generate_reference
-from elastic.model.sampling import SamplingParams, counter_uniform, sample
+from elastic.generation.decoder import CachedDecoder
+from elastic.generation.generate import generate, run_decoder
+from elastic.generation.reference import generate_reference
+from elastic.generation.sampling import SamplingParams, counter_uniform, sample
+from elastic.generation.step import compiled_decode_step, decode_step
 
 PROMPTS = [[5, 17, 42], [7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 99], [250], [3, 1, 4, 1, 5, 9, 2]]
 N_NEW = 32
@@ -259,7 +259,7 @@ def test_decode_state_is_static_and_the_cache_written_in_place(models):
 
 
 def test_decode_step_compiles_to_three_full_graphs(models):
-    """The CUDA path's compile (elastic/model/cuda_graphs.compiled_decode_step), with a backend
+    """The CUDA path's compile (elastic/generation/step.compiled_decode_step), with a backend
     that counts dynamo's graphs. fullgraph=True fails on any graph break (a .item()/.tolist(),
     a data-dependent shape): what would break CUDA graph capture. Sizes are symbolic, so one
     graph serves every bucket >= 2, slot count and capacity; batch 1 and a single slot are one

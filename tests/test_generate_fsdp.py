@@ -18,8 +18,8 @@ import os
 import torch
 
 from elastic.model import ModelArgs, Transformer
-from elastic.model.generate import generate
-from elastic.model.generate_reference import generate_reference
+from elastic.generation.generate import generate
+from elastic.generation.reference import generate_reference
 
 ARGS = dict(vocab_size=300, dim=64, n_layers=3, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=32)
 PROMPTS = {0: [[5, 6, 7], [8, 9, 10, 11, 12, 13, 14], [15]], 1: [[20, 21], [22, 23, 24, 25, 26]]}

@@ -144,7 +144,7 @@ def test_grpo_survives_a_killed_train_worker_mid_rollout_and_a_killed_reward_act
     samples the same programs; a killed evaluation is retried, never scored as a wrong program)."""
     import threading
 
-    from elastic.launch.recovery import analyze
+    from elastic.report.recovery import analyze
     from tests.reward_helpers import evaluating_actor_pids, kill_pid, wait_until
 
     store = tmp_path / "runs"
@@ -208,8 +208,8 @@ def test_grpo_resizes_and_survives_a_node_loss(policy, baseline, tmp_path):
     paths (measured: step 1, before any update, gave 7 of 8 identical programs)."""
     from elastic.launch import ledger
     from elastic.launch.drill import Job
-    from elastic.launch.local_cluster import LocalCluster
-    from elastic.launch.recovery import analyze
+    from elastic.launch.runtime.local_cluster import LocalCluster
+    from elastic.report.recovery import analyze
 
     steps = 26  # ~2 s each; the resize came ~20 s after the node joined, the restart after the loss ~40 s
     storage = str(tmp_path / "runs")
@@ -280,7 +280,7 @@ def test_grpo_on_a_task_file_with_a_weighted_verifier_sum_and_pass_at_k(policy, 
     skipped), reward.kind "math_answer + 0.1*regex" scored on the CPU pool, held-out pass@k from
     2 sampled completions per task, measured for the starting policy and after step 2, every
     verdict in eval_verdicts.jsonl."""
-    from elastic.launch.pretrain import heldout_summary
+    from elastic.launch.driver import heldout_summary
 
     def write(name, rows):
         p = tmp_path / name

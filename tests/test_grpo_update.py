@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from elastic.config import from_dict
-from elastic.rl.aggregation import StepCounts
+from elastic.rl.algorithms.aggregation import StepCounts
 from elastic.rl.grpo import make_grpo_loss
 from elastic.rl.prompts import rank_completions
 from elastic.train.comm import Comm

@@ -291,7 +291,7 @@ def test_cached_decode_logits_equal_a_full_forward(mode):
     """qk_norm + llama3 scaling + head_dim != dim / n_heads through the engine's prefill and
     static-cache decode steps: every next-token logit row equals a full forward's, at positions
     well past original_max_position_embeddings; greedy tokens are that forward's argmax."""
-    from elastic.model.generate import generate
+    from elastic.generation.generate import generate
 
     args = ModelArgs(vocab_size=300, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=128,
                      qk_norm=True, head_dim=32, rope_scaling=dict(LLAMA3), rope_theta=10000.0)
@@ -323,10 +323,10 @@ def test_cached_decode_logits_equal_a_full_forward(mode):
 
 def test_qk_norm_decode_step_traces_as_one_full_graph():
     """The CUDA path's compile of the decode step (fullgraph: no graph break) with q/k norm."""
-    from elastic.model.cuda_graphs import compiled_decode_step
-    from elastic.model.decoder import CachedDecoder
-    from elastic.model.generate import generate, run_decoder
-    from elastic.model.sampling import SamplingParams
+    from elastic.generation.decoder import CachedDecoder
+    from elastic.generation.step import compiled_decode_step
+    from elastic.generation.generate import generate, run_decoder
+    from elastic.generation.sampling import SamplingParams
 
     args = ModelArgs(vocab_size=300, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=128, max_seq_len=128,
                      qk_norm=True, head_dim=32, rope_scaling=dict(LLAMA3))

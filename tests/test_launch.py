@@ -30,7 +30,7 @@ from typing import Dict, List, Optional
 import psutil
 import pytest
 
-from elastic.launch.local_cluster import LocalCluster
+from elastic.launch.runtime.local_cluster import LocalCluster
 from elastic.train.checkpoint import latest_complete
 from tests.conftest import REPO
 from tests.helpers import make_text_corpus, read_jsonl, small_run_overrides

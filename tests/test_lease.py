@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from elastic.launch.lease import LEASE, LeaseHeld, RunLease, machine
+from elastic.launch.runtime.lease import LEASE, LeaseHeld, RunLease, machine
 
 
 def _dead_pid() -> int:

@@ -1,4 +1,4 @@
-"""elastic/reward/math_answer.py: hand-labelled (completion, reference, expected) pairs for every
+"""elastic/reward/verifiers/math_answer.py: hand-labelled (completion, reference, expected) pairs for every
 extraction and equivalence rule, reasons, bad input, and adversarial input speed."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from elastic.reward.math_answer import (MAX_TEXT_CHARS, answers_equal, extract_answer, normalize, reference_answer,
+from elastic.reward.verifiers.math_answer import (MAX_TEXT_CHARS, answers_equal, extract_answer, normalize, reference_answer,
                                         score_math)
 
 GSM8K_SOLUTION = ("Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"

@@ -1,4 +1,4 @@
-"""PPO-with-critic math (elastic/rl/gae.py, value_loss.py, kl_controller.py): hand-computed values,
+"""PPO-with-critic math (elastic/rl/algorithms/gae.py, value_loss.py, kl_controller.py): hand-computed values,
 then agreement with verl's own functions.
 
 Expected numbers are written out with the arithmetic that produces them, never obtained from the
@@ -24,12 +24,12 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from elastic.rl.aggregation import StepCounts
-from elastic.rl.gae import (gae_advantages_returns, last_token_index, masked_mean, masked_var, masked_whiten,
+from elastic.rl.algorithms.aggregation import StepCounts
+from elastic.rl.algorithms.gae import (gae_advantages_returns, last_token_index, masked_mean, masked_var, masked_whiten,
                             token_level_rewards)
-from elastic.rl.kl_controller import (AdaptiveKLController, FixedKLController, build_kl_controller,
+from elastic.rl.algorithms.kl_controller import (AdaptiveKLController, FixedKLController, build_kl_controller,
                                       kl_controller_from_state_dict)
-from elastic.rl.value_loss import clipped_value_loss
+from elastic.rl.algorithms.value_loss import clipped_value_loss
 
 F64 = torch.float64
 

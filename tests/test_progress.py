@@ -6,7 +6,7 @@ import io
 import threading
 import time
 
-from elastic.launch.progress import Progress, bar, fmt_duration, lines
+from elastic.launch.runtime.progress import Progress, bar, fmt_duration, lines
 from elastic.records import EVENTS, METRICS, append_record
 
 

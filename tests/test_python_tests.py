@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from elastic.reward.isolation import SandboxUnavailable, detect
-from elastic.reward.python_tests import PythonTests, check_tests, evaluate_python, extract_program, harness_path
+from elastic.sandbox.isolation import SandboxUnavailable, detect
+from elastic.reward.verifiers.python_tests.verifier import PythonTests, check_tests, evaluate_python, extract_program, harness_path
 from elastic.reward.result import STATUSES
 from elastic.reward.settings import EvalSettings
 from tests.reward_helpers import wait_until
@@ -439,8 +439,8 @@ def test_parent_environment_is_not_inherited(settings, monkeypatch):
 
 # -- fail closed -----------------------------------------------------------------------------------
 def test_python_tests_under_weak_isolation_only_when_opted_in(settings):
-    from elastic.reward import isolation
-    from elastic.reward.sandbox import Sandbox
+    from elastic.sandbox import isolation
+    from elastic.sandbox.command import Sandbox
 
     saved = isolation._DETECTED
     try:

@@ -5,8 +5,8 @@ written after it is not lost."""
 import json
 import os
 
-from elastic.launch.pretrain import RunPaths, summarize
-from elastic.launch.recovery import analyze
+from elastic.launch.driver import RunPaths, summarize
+from elastic.report.recovery import analyze
 from elastic.records import EVENTS, METRICS, append_record, read_new_records, read_records
 
 

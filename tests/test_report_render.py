@@ -69,7 +69,7 @@ def test_finished_run(finished):
     assert rows["world size"] == "1–2"
     assert "nominal on cpu" in rows["MFU"]
     assert rows["checkpoints"] == "50 kept, latest step_00001000"
-    # recovery accounting from elastic.launch.recovery: steps redone after the non-checkpoint stops
+    # recovery accounting from elastic.report.recovery: steps redone after the non-checkpoint stops
     assert "| 1 | resize | 2 → 1 | 300 | 5 |" in md and "| 2 | failure | 1 → 2 | 620 | 7 |" in md
     for name in ("loss", "throughput", "step_time", "memory", "timeline"):
         assert f"](plots/{name}.png)" in md

@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 from elastic.reward import evaluate, load_problem
-from elastic.reward.isolation import detect
+from elastic.sandbox.isolation import detect
 from tests.reward_helpers import (FIXTURES, fast_settings, leftover_cgroups, leftover_programs, leftover_scratch,
                                   wait_until)
 
@@ -164,7 +164,7 @@ def test_host_is_fine_afterwards(problem, settings):
     assert r.status == "ok", r.reason
     assert wait_until(lambda: leftover_programs() == [], 10), leftover_programs()
     assert leftover_scratch() == []
-    from elastic.reward.evaluator import default_sandbox
+    from elastic.reward.verifiers.programs import default_sandbox
 
     default_sandbox(settings.env_allow).close()  # its spare launcher holds a cgroup by design
     assert wait_until(lambda: leftover_cgroups() == [], 10), leftover_cgroups()
@@ -189,7 +189,7 @@ int main(void) {
 def _isolation(wrapper: str):
     """The detected layers with bwrap, or the `unshare` fallback (detection cache restored); a
     Sandbox takes the latter only with allow_weak_isolation (it fails closed otherwise)."""
-    from elastic.reward import isolation
+    from elastic.sandbox import isolation
 
     if wrapper == "bwrap":
         return isolation.detect()
@@ -208,8 +208,8 @@ def _isolation(wrapper: str):
 def test_limits_are_in_place_when_the_program_starts(tmp_path, use_launcher, wrapper):
     """Both spawn paths (exec shim, preexec_fn fallback) apply the same rlimits and pinning,
     under bwrap and under the unshare fallback."""
-    from elastic.reward.programs import compile_limits, compiled, run_binary, run_limits
-    from elastic.reward.sandbox import Sandbox
+    from elastic.reward.verifiers.programs import compile_limits, compiled, run_binary, run_limits
+    from elastic.sandbox.command import Sandbox
 
     sb = Sandbox(isolation=_isolation(wrapper), use_launcher=use_launcher, allow_weak_isolation=wrapper != "bwrap")
     assert (sb.launcher is not None) is use_launcher
@@ -231,7 +231,7 @@ def _launch(cgroups, message):
     """Run the launcher by hand: (exit code, report pipe text, stdout)."""
     import subprocess
 
-    from elastic.reward import launcher
+    from elastic.sandbox import launcher
 
     exe = launcher.build()
     assert exe is not None, "gcc could not build the launcher"
@@ -256,7 +256,7 @@ def _launch(cgroups, message):
 def test_launcher_reports_on_its_own_channel():
     """The shim reports on a private pipe, never by exit code or stderr a program could forge;
     an empty message (cancelled, or its parent died) runs nothing."""
-    from elastic.reward import launcher
+    from elastic.sandbox import launcher
 
     code, report, _ = _launch(["/nonexistent/cgroup.procs"], launcher.message(["/bin/echo", "ran"], [], None))
     assert code == launcher.EXIT_LAUNCHER_FAILED and "cgroup attach /nonexistent/cgroup.procs" in report
@@ -290,7 +290,7 @@ def test_cancelled_prepared_run_never_runs(tmp_path, wrapper):
     The command leaves a mark in its working dir."""
     import time
 
-    from elastic.reward.sandbox import Limits, Sandbox
+    from elastic.sandbox.command import Limits, Sandbox
 
     sb = Sandbox(isolation=_isolation(wrapper), allow_weak_isolation=wrapper != "bwrap")
     cmd = ["/bin/sh", "-c", "echo ran > mark"]
@@ -353,8 +353,8 @@ int main(void) {
 def _refusal_and_opt_in(iso, tmp_path, why: str) -> None:
     import logging
 
-    from elastic.reward.isolation import SandboxUnavailable
-    from elastic.reward.sandbox import Limits, Sandbox
+    from elastic.sandbox.isolation import SandboxUnavailable
+    from elastic.sandbox.command import Limits, Sandbox
 
     with pytest.raises(SandboxUnavailable) as e:
         Sandbox(isolation=iso)
@@ -367,7 +367,7 @@ def _refusal_and_opt_in(iso, tmp_path, why: str) -> None:
     handler = logging.Handler()
     handler.emit = lambda rec: seen.append(rec.getMessage())
     logger.addHandler(handler)
-    from elastic.reward import isolation
+    from elastic.sandbox import isolation
 
     isolation._WARNED_WEAK.discard((iso.wrapper, tuple(iso.unshare_prefix)))
     try:
@@ -385,7 +385,7 @@ def _refusal_and_opt_in(iso, tmp_path, why: str) -> None:
 def test_sandbox_fails_closed_without_bubblewrap(tmp_path):
     """No bubblewrap: a Sandbox refuses with one line (how to install it, the opt-in's name);
     with allow_weak_isolation it runs, under the unshare fallback, with a WARNING."""
-    from elastic.reward import isolation
+    from elastic.sandbox import isolation
 
     saved = isolation._DETECTED
     try:
@@ -397,7 +397,7 @@ def test_sandbox_fails_closed_without_bubblewrap(tmp_path):
 
 def test_sandbox_fails_closed_with_bwrap_missing_from_path(tmp_path, monkeypatch):
     """`bwrap` not on PATH (nor `unshare`): refused; opted in, it runs with no namespaces."""
-    from elastic.reward import isolation
+    from elastic.sandbox import isolation
 
     empty = tmp_path / "bin"
     empty.mkdir()
@@ -414,8 +414,9 @@ def test_sandbox_fails_closed_with_bwrap_missing_from_path(tmp_path, monkeypatch
 
 def test_default_sandbox_fails_closed(monkeypatch):
     """evaluate() with no sandbox given refuses too (the process's default sandbox)."""
-    from elastic.reward import evaluator, isolation
-    from elastic.reward.isolation import SandboxUnavailable
+    from elastic.reward.verifiers import programs
+    from elastic.sandbox import isolation
+    from elastic.sandbox.isolation import SandboxUnavailable
 
     saved = isolation._DETECTED
     try:
@@ -423,10 +424,10 @@ def test_default_sandbox_fails_closed(monkeypatch):
     finally:
         isolation._DETECTED = saved
     monkeypatch.setattr(isolation, "_DETECTED", weak)
-    monkeypatch.setattr(evaluator, "_SANDBOXES", {})
-    monkeypatch.setattr("elastic.reward.sandbox.detect", lambda: weak)
+    monkeypatch.setattr(programs, "_SANDBOXES", {})
+    monkeypatch.setattr("elastic.sandbox.command.detect", lambda: weak)
     with pytest.raises(SandboxUnavailable):
-        evaluator.default_sandbox()
-    sb = evaluator.default_sandbox(allow_weak_isolation=True)
+        programs.default_sandbox()
+    sb = programs.default_sandbox(allow_weak_isolation=True)
     assert sb.iso.wrapper == weak.wrapper
     sb.close()

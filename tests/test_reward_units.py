@@ -9,7 +9,7 @@ import pytest
 
 from elastic.config import ConfigError, from_dict
 from elastic.reward import ProblemError, Result, extract_code, load_problem, load_problems, speedup_reward
-from elastic.reward.checkers import check
+from elastic.reward.verifiers.code_opt.checkers import check
 from tests.reward_helpers import FIXTURES
 
 

@@ -17,13 +17,15 @@ import torch
 
 from elastic.config import ConfigError, load_config
 from elastic.config import load as config_load
-from elastic.rl import (ADV_NORMS, KL_ESTIMATORS, LOSS_AGGS, STAT_KEYS, StepCounts, add_stats, clipped_objective,
-                        group_advantages, grpo_loss, kl_per_token, overlong_penalty, rollout_seed, split_problems,
-                        stats_to_tensor, step_counts, summarize, tensor_to_stats, token_entropy, token_logprobs,
-                        token_weights, weight_negatives, zero_variance_groups)
+from elastic.rl.algorithms import (ADV_NORMS, KL_ESTIMATORS, LOSS_AGGS, STAT_KEYS, StepCounts, add_stats,
+                                   clipped_objective, group_advantages, grpo_loss, kl_per_token, overlong_penalty,
+                                   stats_to_tensor, step_counts, summarize, tensor_to_stats, token_entropy,
+                                   token_logprobs, token_weights, weight_negatives, zero_variance_groups)
+from elastic.rl.seeds import rollout_seed
+from elastic.rl.split import split_problems
 from tests.conftest import REPO
 
-EPS = 1e-6  # elastic.rl.advantages.EPS
+EPS = 1e-6  # elastic.rl.algorithms.advantages.EPS
 
 # --------------------------------------------------------------------------------------------
 # advantages

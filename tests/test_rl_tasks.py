@@ -16,8 +16,8 @@ from elastic.config.schema import RewardSection
 from elastic.reward.result import Result
 from elastic.reward.settings import EvalSettings
 from elastic.reward.tasks import TaskError, load_tasks
-from elastic.reward.verifiers import Env, combine, parse_kind, score, spec_from_section
-from elastic.rl.pass_at_k import mean_pass_at_k, pass_at_k
+from elastic.reward.verifiers.registry import Env, combine, parse_kind, score, spec_from_section
+from elastic.eval.pass_at_k import mean_pass_at_k, pass_at_k
 
 USER = os.path.join(os.path.dirname(__file__), "fixtures", "user_rewards")
 
@@ -174,7 +174,7 @@ def test_user_function_hang_and_crash_are_scored_and_the_child_restarts():
 
 
 def test_user_function_that_cannot_be_imported():
-    from elastic.reward.user_function import FunctionRunner, resolve
+    from elastic.reward.verifiers.user_function import FunctionRunner, resolve
 
     with pytest.raises(ValueError, match=r"reward.function: cannot import 'no_such_module_xyz'"):
         resolve("no_such_module_xyz:f")

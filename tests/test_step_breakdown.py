@@ -58,7 +58,7 @@ def test_breakdown_guard_and_profile(tmp_path):
     events = read_jsonl(run / "events.jsonl")
     assert [e["step"] for e in events if e["event"] == "bad_step"] == [3]
     # Train workers run at the driver's niceness, not at Ray's worker default of 15
-    # (elastic/launch/pretrain.py TRAIN_WORKER_ENV), with the configured thread count.
+    # (elastic/launch/driver.py TRAIN_WORKER_ENV), with the configured thread count.
     start = [e for e in events if e["event"] == "start"][0]
     assert start["nice"] == os.nice(0) and start["torch_threads"] == 1, start
     state = json.loads((run / "step_00000008" / "train_state.json").read_text())

@@ -1,4 +1,4 @@
-"""elastic/reward/text_match.py: exact and regex verifiers, their reasons, bad patterns, long input."""
+"""elastic/reward/verifiers/text_match.py: exact and regex verifiers, their reasons, bad patterns, long input."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from elastic.reward import text_match
-from elastic.reward.text_match import MAX_REGEX_CHARS, compile_pattern, exact_match, regex_match
+from elastic.reward.verifiers import text_match
+from elastic.reward.verifiers.text_match import MAX_REGEX_CHARS, compile_pattern, exact_match, regex_match
 
 
 @pytest.mark.parametrize("completion, reference, kwargs, expected", [

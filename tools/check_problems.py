@@ -69,8 +69,8 @@ class Invalid(Exception):
 # --------------------------------------------------------------------------- checkers
 # The evaluator's own checker, so the problem set is validated with the semantics it is scored by.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from elastic.reward.checkers import check as check_output  # noqa: E402
-from elastic.reward.sandbox import Limits  # noqa: E402
+from elastic.reward.verifiers.code_opt.checkers import check as check_output  # noqa: E402
+from elastic.sandbox.command import Limits  # noqa: E402
 
 
 def load_problem(pdir: Path) -> dict:

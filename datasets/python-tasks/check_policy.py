@@ -88,7 +88,7 @@ def main(argv=None) -> int:
 
     from elastic.data.chat import ChatFormat, prompt_segments, tokenize_segments
     from elastic.data.tokenizer import EOS, read_tokenizer_config
-    from elastic.model.generate import generate
+    from elastic.generation.generate import generate
     from elastic.model.hf import from_pretrained
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))

@@ -254,7 +254,7 @@ RL_PROMPT_FORMATS = ("chat", "raw")
 
 def _validate_rl_tasks(cfg: Config) -> None:
     """Where GRPO's tasks come from and how they are scored and evaluated. The verifier names and
-    weights in reward.kind are parsed by elastic/reward/verifiers.py in the driver's plan, still
+    weights in reward.kind are parsed by elastic/reward/verifiers/registry.py in the driver's plan, still
     before any work starts (the config layer imports nothing)."""
     rl, rw = cfg.rl, cfg.reward
     code_opt = "code_opt" in rw.kind

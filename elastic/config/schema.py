@@ -286,7 +286,7 @@ class RewardSection:
     instructions_time_limit_s: float = 120.0
     # Environment variables passed into the sandbox (nothing else is inherited).
     env_allow: List[str] = field(default_factory=list)
-    # What scores a completion (elastic/reward/verifiers.py): one verifier, or a weighted sum
+    # What scores a completion (elastic/reward/verifiers/registry.py): one verifier, or a weighted sum
     # such as "math_answer + 0.1*regex". code_opt (C/C++ compile, test and time; tasks from
     # rl.problems) | python_tests (HumanEval check(candidate) / MBPP test_list, sandboxed) |
     # math_answer (final answer: \boxed{}, ####, last number) | exact_match | regex | function.
@@ -294,7 +294,7 @@ class RewardSection:
     # regex: the pattern a completion must match (re.search); empty: each task's `pattern` field.
     pattern: str = ""
     # function: the user's reward, "module:function", called as fn(completion, task) in a child
-    # process of a reward actor (elastic/reward/user_function.py); its module must be importable
+    # process of a reward actor (elastic/reward/verifiers/user_function.py); its module must be importable
     # there (PYTHONPATH, or the job's working_dir under `ray job submit`).
     function: str = ""
     # A user function that has not returned after this long is killed and scored `timeout`.
@@ -351,7 +351,7 @@ class RLSection:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
-    # Rows each rank decodes at once (elastic/model/generate.py max_batch): when a rollout
+    # Rows each rank decodes at once (elastic/generation/generate.py max_batch): when a rollout
     # finishes, the next waiting one takes its slot (continuous batching), so a step's long tail
     # does not idle the batch; a completion's tokens do not depend on this value.
     rollout_batch: int = 64
@@ -359,14 +359,14 @@ class RLSection:
     # DAPO's clip-higher).
     clip_low: float = 0.2
     clip_high: float = 0.28
-    # Dual-clip PPO (elastic/rl/objective.py): for negative advantages the per-token loss is also
+    # Dual-clip PPO (elastic/rl/algorithms/objective.py): for negative advantages the per-token loss is also
     # capped at -A * clip_ratio_c, so a token whose ratio grew past c since sampling cannot
     # dominate the step. 0 = off; otherwise must be > 1 (verl always uses it, with 3.0). Matters
     # only when updates_per_rollout or minibatches_per_update > 1 (otherwise the ratio is 1).
     clip_ratio_c: float = 0.0
     # KL to the initial (reference) model, as a loss term; 0 = off (no reference model kept).
     kl_coef: float = 0.0
-    # k1 | k2 | k3 (Schulman's estimators; k3 is GRPO's; see elastic/rl/kl.py for their gradients).
+    # k1 | k2 | k3 (Schulman's estimators; k3 is GRPO's; see elastic/rl/algorithms/kl.py for their gradients).
     kl_estimator: str = "k3"
     # token_mean (DAPO) | seq_mean_token_mean (original GRPO) | seq_mean_token_sum_norm (Dr. GRPO).
     # Normalisers count the whole optimizer step, so the split over workers never matters.
@@ -384,7 +384,7 @@ class RLSection:
     minibatches_per_update: int = 1
     # Completions per forward/backward on one worker (gradient accumulation inside a minibatch).
     micro_batch_size: int = 4
-    # DAPO-style length shaping (elastic/rl/overlong.py), added to the reward: a penalty rising
+    # DAPO-style length shaping (elastic/rl/algorithms/overlong.py), added to the reward: a penalty rising
     # linearly from 0 to `overlong_penalty` over the last `overlong_buffer` tokens before
     # max_new_tokens, plus `truncation_penalty` for a completion cut at max_new_tokens without
     # stopping. Both 0 = off.

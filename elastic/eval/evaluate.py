@@ -151,7 +151,7 @@ class ItemEvaluator:
     def _generate(self, prompts, max_new, temperature, top_p, seeds, stop_seqs):
         if self.generate_fn is not None:
             return self.generate_fn(prompts, max_new, temperature, top_p, seeds, stop_seqs)
-        from elastic.model.generate import generate
+        from elastic.generation.generate import generate
 
         return generate(self.model, prompts, max_new, temperature=temperature, top_p=top_p, seed=seeds,
                         stop_token_ids=[self.tok.eos_id], stop_sequences=stop_seqs, max_batch=self.gen_batch)
@@ -172,10 +172,10 @@ def judge_answer(spec: TaskSpec, text: str, target: str) -> Dict[str, Any]:
     exact_match with regexes_to_ignore / ignore_case) or `math_answer` (the verifier's answer
     extraction and equivalence), or the whole text."""
     if spec.extract == "math_answer":
-        from elastic.reward.math_answer import score_math
+        from elastic.reward.verifiers.math_answer import score_math
 
         ok, reason = score_math(text, target)
-        from elastic.reward.math_answer import extract_answer
+        from elastic.reward.verifiers.math_answer import extract_answer
 
         return {"answer": extract_answer(text) or "", "target": target, "exact_match": float(ok), "reason": reason}
     ans = extract_regex(text, spec.pattern, spec.group_select) if spec.extract == "regex" else text

@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from elastic.data.documents import BadRows
 from elastic.eval.spec import Doc, EvalConfigError, TaskSpec
-from elastic.reward.problems import ProblemError
+from elastic.reward.verifiers.code_opt.problems import ProblemError
 from elastic.reward.tasks import TaskError, _open_rows
 
 Reader = Callable[[Dict[str, Any], str, int, TaskSpec], Doc]

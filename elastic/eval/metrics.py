@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Sequence
 import numpy as np
 
 from elastic.eval.spec import TaskSpec
-from elastic.rl.pass_at_k import mean_pass_at_k
+from elastic.eval.pass_at_k import mean_pass_at_k
 
 FORMULAS = {
     "acc": "mean[argmax_i loglik_i == gold]",

@@ -447,8 +447,8 @@ def run_curation(cs, say: Callable[[str], None] = print, stop_after_blocks: Opti
     import ray
     import ray.data
 
-    from elastic.launch.cluster import connect, resolve_cluster
-    from elastic.launch.pretrain import worker_env
+    from elastic.launch.runtime.cluster import connect, resolve_cluster
+    from elastic.launch.driver import worker_env
 
     connect(resolve_cluster(), max(os.cpu_count() or 1, 2), worker_env())
     logging.getLogger("ray.data").setLevel(logging.ERROR)

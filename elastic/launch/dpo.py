@@ -22,7 +22,7 @@ from elastic.data.preference import PairFormat, PairSet, code_opt_pair_rows, hol
 from elastic.data.sources import DataError
 from elastic.data.tokenizer import from_json, load_or_train
 from elastic.launch.data_plans import CODE_OPT, keep_tokenizer
-from elastic.launch.pretrain import JobLaunch, PretrainResult, RunPaths, build_torch_trainer, run_job
+from elastic.launch.driver import JobLaunch, JobResult, RunPaths, build_torch_trainer, run_job
 # (before any Ray activity: see elastic/launch/pretrain.py)
 from elastic.launch.dpo_reference import reference_table
 from elastic.rl.dpo import dpo_loop_per_worker
@@ -128,5 +128,5 @@ class DPOLaunch(JobLaunch):
         return build_torch_trainer(cfg, paths, gpu, dpo_loop_per_worker, extra)
 
 
-def run_dpo(cfg: Config, out: Optional[TextIO] = None, progress: bool = True) -> PretrainResult:
+def run_dpo(cfg: Config, out: Optional[TextIO] = None, progress: bool = True) -> JobResult:
     return run_job(cfg, DPOLaunch(), out, progress)

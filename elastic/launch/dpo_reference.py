@@ -50,7 +50,7 @@ class PairScorer:
 
         from elastic.model.attention import build_attention_metadata
         from elastic.rl.dpo import pair_batch
-        from elastic.rl.dpo_loss import answer_logprobs
+        from elastic.rl.algorithms.dpo_loss import answer_logprobs
         from elastic.train.step import to_device
 
         splits, index = batch["split"], batch["index"]

@@ -24,8 +24,8 @@ import time
 from typing import Dict, List, Optional
 
 from elastic.launch import ledger as ledger_lib
-from elastic.launch.local_cluster import LocalCluster
-from elastic.launch.recovery import analyze, format_table, read_jsonl
+from elastic.launch.runtime.local_cluster import LocalCluster
+from elastic.report.recovery import analyze, format_table, read_jsonl
 
 REGISTER_S = 4.0  # Ray Train's controller registers a reported checkpoint on its next poll (~2 s)
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -231,8 +231,8 @@ def default_out_dir(models: List[ModelRef]) -> str:
 def run_eval(req: EvalRequest, say=print) -> EvalResult:
     import ray
 
-    from elastic.launch.cluster import connect, resolve_cluster
-    from elastic.launch.pretrain import worker_env
+    from elastic.launch.runtime.cluster import connect, resolve_cluster
+    from elastic.launch.driver import worker_env
 
     t0 = time.perf_counter()
     tasks = {}
@@ -243,7 +243,7 @@ def run_eval(req: EvalRequest, say=print) -> EvalResult:
         tasks[td.spec.task] = td
     models = resolve_models(req.models)
     if any(td.spec.type == "code" for td in tasks.values()) and not req.allow_weak_isolation:
-        from elastic.reward.isolation import detect, unavailable_message
+        from elastic.sandbox.isolation import detect, unavailable_message
 
         iso = detect()  # untrusted programs run in bubblewrap or not at all: say so before any work
         if iso.wrapper != "bwrap":
@@ -310,7 +310,7 @@ def _drive(workers, todo, tasks, out_dir, req, say, done) -> int:
     it lands. Progress: items done / total, windowed rate, ETA."""
     import ray
 
-    from elastic.launch.progress import fmt_duration
+    from elastic.launch.runtime.progress import fmt_duration
 
     queue = list(todo)
     free = list(workers)
@@ -357,7 +357,7 @@ def _score_code(tasks, models, out_dir, done, say, allow_weak: bool) -> None:
     if not pending:
         return
     from elastic.config.schema import RewardSection
-    from elastic.reward.python_tests import PythonTests
+    from elastic.reward.verifiers.python_tests.verifier import PythonTests
     from elastic.reward.service import start_service
     from elastic.reward.tasks import Task
 

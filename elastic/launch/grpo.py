@@ -17,7 +17,7 @@ from elastic.data.chat import ChatFormat
 from elastic.data.sources import DataError
 from elastic.data.tokenizer import load_or_train
 from elastic.launch.data_plans import keep_tokenizer
-from elastic.launch.pretrain import JobLaunch, PretrainResult, RunPaths, build_torch_trainer, run_job
+from elastic.launch.driver import JobLaunch, JobResult, RunPaths, build_torch_trainer, run_job
 # (before any Ray activity: see elastic/launch/pretrain.py)
 from elastic.reward.service import start_service
 from elastic.rl.grpo import grpo_loop_per_worker
@@ -42,7 +42,7 @@ def reward_service_name(cfg: Config) -> str:
 
 def reward_spec(cfg: Config):
     """reward.kind and its options, parsed; ConfigError (one line) when they are wrong."""
-    from elastic.reward.verifiers import spec_from_section
+    from elastic.reward.verifiers.registry import spec_from_section
 
     try:
         return spec_from_section(cfg.reward)
@@ -54,7 +54,7 @@ def plan_tasks(cfg: Config, spec) -> Tuple[Dict[str, Any], Any, List[str]]:
     """(every task by id, the train/held-out split, lines for the console). code_opt: the problem
     directory rl.problems, held out by rl.heldout ids. Other verifiers: rl.tasks (+ rl.heldout_tasks),
     bad rows counted and reported. Also refuses untrusted programs without bubblewrap, before any work."""
-    from elastic.reward.problems import load_problems
+    from elastic.reward.verifiers.code_opt.problems import load_problems
     from elastic.reward.tasks import TaskError, load_tasks, tasks_from_problems
     from elastic.rl.split import ProblemSplit, split_problems
 
@@ -92,7 +92,7 @@ def check_isolation(cfg: Config, spec) -> None:
 
     if not (SANDBOXED & set(spec.kinds)) or cfg.reward.allow_weak_isolation:
         return
-    from elastic.reward.isolation import detect, unavailable_message
+    from elastic.sandbox.isolation import detect, unavailable_message
 
     iso = detect()
     if iso.wrapper != "bwrap":
@@ -168,7 +168,7 @@ class GRPOLaunch(JobLaunch):
     def start(self, cfg: Config, paths: RunPaths) -> None:
         self.service = start_service(cfg.reward, cfg.rl.problems, name=reward_service_name(cfg), tasks=self.tasks)
         if "model" in self.spec.kinds:
-            from elastic.rl.reward_model_service import start_rm_service
+            from elastic.launch.reward_model_service import start_rm_service
 
             self.rm = start_rm_service(cfg.reward, name=reward_service_name(cfg))
 
@@ -187,12 +187,12 @@ class GRPOLaunch(JobLaunch):
         if self.service is not None:
             self.service.shutdown()
         if self.rm is not None:
-            from elastic.rl.reward_model_service import stop_rm_service
+            from elastic.launch.reward_model_service import stop_rm_service
 
             stop_rm_service(self.rm)
 
 
-def run_grpo(cfg: Config, out: Optional[TextIO] = None, progress: bool = True) -> PretrainResult:
+def run_grpo(cfg: Config, out: Optional[TextIO] = None, progress: bool = True) -> JobResult:
     return run_job(cfg, GRPOLaunch(), out, progress)
 
 

@@ -209,7 +209,7 @@ def _micro(cfg: Config, batch: int) -> int:
 
 def plan_ladder(path: Optional[str], overrides: List[str], smoke: bool = False) -> LadderPlan:
     """Every cell's config, built and validated before anything runs (one-line ConfigError)."""
-    from elastic.launch.pretrain import run_paths
+    from elastic.launch.driver import run_paths
 
     base, overrides = load_ladder_config(path, overrides, smoke)
     validate_ladder(base)
@@ -320,7 +320,8 @@ def final_val_loss(records_dir: str, steps: int) -> tuple:
 
 def run_cell(plan: LadderPlan, cell: Cell, ledger: Ledger, index: int) -> dict:
     """Run (or resume) one cell as an ordinary pretraining run and record it."""
-    from elastic.launch.pretrain import run_pretraining, run_paths
+    from elastic.launch.driver import run_paths
+    from elastic.launch.pretrain import run_pretraining
 
     cfg = load_config(plan.config_path, plan.overrides + cell.overrides)
     paths = run_paths(cfg)
@@ -437,9 +438,9 @@ def run_ladder(path: Optional[str], overrides: List[str], smoke: bool = False, f
     """Plan every cell (config errors first), run the unfinished ones (`concurrent` at a time,
     smallest compute first), then fit and plot. Raises ConfigError / DataError / LeaseHeld /
     ClusterError with one line; a cell that fails is reported and the others go on."""
-    from elastic.launch.cluster import connect, resolve_cluster, PRIVATE
-    from elastic.launch.lease import RunLease
-    from elastic.launch.pretrain import private_cpus, worker_env
+    from elastic.launch.runtime.cluster import connect, resolve_cluster, PRIVATE
+    from elastic.launch.runtime.lease import RunLease
+    from elastic.launch.driver import private_cpus, worker_env
 
     out = out or sys.stdout
 

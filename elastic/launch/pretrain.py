@@ -1,55 +1,25 @@
-"""Build and run Ray Train jobs (pretraining, SFT; GRPO through elastic/launch/grpo.py): the
-only place that knows Ray Train's driver-side API (TorchTrainer, ScalingConfig, RunConfig,
-DataConfig).
-
-Order matters: the config is already valid; the run's lease is taken next (a second launch
-of a live run refuses before touching Ray); data planning (source resolution, tokenizer)
-fails with one line before Ray starts; then the cluster is started or joined, checked for
-the resources the run needs, and only then is the trainer built. Cluster choice, lease and
-progress live in their own modules (cluster.py, lease.py, progress.py) so other jobs reuse them.
+"""Pretraining and SFT on the driver: the packed-sample stream (`LMLaunch`) for the job driver
+(elastic/launch/driver.py), and `run_pretraining`, the function jobs/pretrain.py and jobs/sft.py
+call. Data planning fails with one line before Ray starts; the store builder (one actor per run)
+starts tokenizing from the latest checkpoint's position while the worker group starts.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import sys
-import tempfile
-import time
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, TextIO
+from typing import Optional, TextIO
 
-from elastic.config import Config, run_dir as run_dir_of, to_dict
+from elastic.config import Config
 from elastic.data.cursor import Cursor
 from elastic.data.pipeline import DataPlan
-from elastic.launch.cluster import connect, resolve_cluster, wait_for_resources
 from elastic.launch.data_plans import JobData, plan_job_data
-from elastic.launch.fit import fit_to_gpus
-from elastic.launch.lease import RunLease
-from elastic.launch.progress import Progress
+from elastic.launch.driver import JOB_WORK_ENV, JobLaunch, JobResult, RunPaths, build_torch_trainer, run_job
 from elastic.train import checkpoint as ckpt_lib
 # Imported here, before any Ray activity: under `ray job submit` the job's working dir can be
 # unpacked again while this driver runs (seen: a lazy import right after the store builder
 # started failed with ModuleNotFoundError).
 from elastic.data.builder import start_builder
-from elastic.launch.lora_base import check_lora_base, lora_base_record
-from elastic.launch.recovery import analyze
-from elastic.launch.recovery_callback import RecoveryEventsCallback
-from elastic.report import build_report
 from elastic.train.loop import train_loop_per_worker
-
-
-@dataclass
-class RunPaths:
-    run_dir: str      # checkpoints, shard cache (storage_path/name; local path or URI)
-    local_dir: str    # tokenizer.json, config.json, summary.json, report, wandb (this machine)
-    records_dir: str  # metrics.jsonl, events.jsonl, ledger.jsonl: the run dir, also when it is a URI
-
-
-def run_paths(cfg: Config) -> RunPaths:
-    rd = run_dir_of(cfg)
-    local = rd if "://" not in rd else os.path.join(tempfile.gettempdir(), "elastic-runs", cfg.run.name)
-    return RunPaths(rd, local, rd)
 
 
 def plan_data(cfg: Config, paths: RunPaths, kind: str = "pretrain") -> JobData:
@@ -60,110 +30,6 @@ def cache_root(paths: RunPaths) -> str:
     """The shard cache lives with the run (local path or URI), so reruns, restarts and resizes
     of the run reuse it."""
     return f"{paths.run_dir.rstrip('/')}/cache"
-
-
-def worker_env() -> dict:
-    """Environment for workers of a cluster this driver starts or finds on this machine: this
-    checkout first on PYTHONPATH so they import the same `elastic`, and OMP_NUM_THREADS=1.
-
-    Why OMP_NUM_THREADS=1: Ray Train runs the training function in a thread of the worker
-    actor, and Ray sets OMP_NUM_THREADS to the actor's CPUs. If anything runs a parallel torch
-    op on the actor's main thread, libgomp builds a pool there; the training thread builds a
-    second one, and with more OpenMP threads than cores every parallel region pays a futex
-    wake-up. Measured on 2 cores: a plain loop in a second thread after one matmul on the main
-    thread runs 0.74x the tokens/s. With 1 the main thread never builds a pool; the training
-    loop sets its own thread count (torch.set_num_threads(scaling.cpus_per_worker),
-    elastic/train/loop.py). (Ray Train's own main thread was not seen to trigger it:
-    bench/step_overhead.py gave the same ratio with and without this.)"""
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != repo]
-    return {"PYTHONPATH": os.pathsep.join([repo] + rest), "OMP_NUM_THREADS": "1"}
-
-
-# Ray starts worker processes at nice 15 and keeps its own daemons (raylet, GCS, dashboard,
-# agents) and the driver at 0, so every wake-up of a daemon preempts a training thread at
-# once, and with one OpenMP thread per core the other threads then wait at the next barrier.
-# The job's own work (train workers, the shard builds that feed them; the reward pool does the
-# same for its actors) runs at 0, as Ray's job supervisor sets for the driver of `ray job
-# submit`; Ray Train's bookkeeping actors stay at 15. The variable only keeps Ray from raising
-# the niceness: nothing is lowered, so no privilege is needed. Measured with
-# bench/step_overhead.py on 2 cores (docs/benchmarks.md, "step inside the product").
-JOB_WORK_ENV = {"RAY_worker_niceness": "0"}
-TRAIN_WORKER_ENV = {**JOB_WORK_ENV, "OMP_NUM_THREADS": "1"}  # OMP_NUM_THREADS: see worker_env
-
-
-def private_cpus(cfg: Config) -> int:
-    """Logical CPUs of a private instance: every worker plus the store builder's packers (one
-    pipeline per training source and one for the held-out plan; the machine may have fewer
-    cores; oversubscription only costs time)."""
-    s, d = cfg.scaling, cfg.data
-    pipelines = max(1, len(d.mixture)) + 1
-    need = int(s.max_workers * s.cpus_per_worker + pipelines * d.tokenize_actors * d.tokenize_cpus + 0.999)
-    return max(os.cpu_count() or 1, need)
-
-
-def required_bundles(cfg: Config, gpu: bool) -> tuple[list, str]:
-    """What the cluster must hold at once for the run to make progress: `min_workers` train
-    workers plus one packer actor of the store builder's Ray Data pipeline
-    (`data.tokenize_cpus`, at least 1 CPU), and the same in words."""
-    s = cfg.scaling
-    worker = {"CPU": s.cpus_per_worker, **s.resources_per_worker, **({"GPU": 1.0} if gpu else {})}
-    data = {"CPU": max(1.0, cfg.data.tokenize_cpus)}
-    words = (f"{s.min_workers} train worker{'s' if s.min_workers > 1 else ''} x "
-             + "{" + ", ".join(f"{k}: {v:g}" for k, v in worker.items() if v) + "}"
-             + f" plus a data packer {{CPU: {data['CPU']:g}}}")
-    return [dict(worker) for _ in range(s.min_workers)] + [data], words
-
-
-def use_gpu(cfg: Config) -> bool:
-    import ray
-
-    if cfg.scaling.use_gpu in ("true", "false"):
-        return cfg.scaling.use_gpu == "true"
-    return ray.cluster_resources().get("GPU", 0) > 0
-
-
-def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_config: dict, **trainer_kwargs):
-    """The TorchTrainer every job runs: elastic ScalingConfig, checkpoints under the run dir,
-    failure retries, the recovery-events callback. `loop_config` adds job inputs to the
-    train_loop_config (which always carries the config, run paths and the device choice)."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
-    s = cfg.scaling
-    # Read by the Ray Train controller (Ray propagates it from the driver).
-    os.environ["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] = str(s.worker_group_start_timeout_s)
-    # Ray Train's print patch re-emits every worker print through its logger, so each would be
-    # in the Ray logs twice; worker stdout already goes to the worker's own log file.
-    os.environ.setdefault("RAY_TRAIN_ENABLE_PRINT_PATCH", "0")
-    num_workers = s.min_workers if s.min_workers == s.max_workers else (s.min_workers, s.max_workers)
-    resources = {"CPU": s.cpus_per_worker, **s.resources_per_worker}
-    if gpu:
-        resources["GPU"] = 1
-    scaling_kwargs = dict(num_workers=num_workers, use_gpu=gpu, resources_per_worker=resources)
-    if s.min_workers != s.max_workers:
-        scaling_kwargs["elastic_resize_monitor_interval_s"] = s.elastic_resize_monitor_interval_s
-
-    storage = paths.run_dir.rsplit("/", 1)[0]
-    if cfg.model.lora.rank > 0:  # what the adapters apply to, recorded in every checkpoint
-        loop_config = {**loop_config, "lora_base": lora_base_record(cfg)}
-    return TorchTrainer(
-        loop_fn,
-        train_loop_config={"cfg": to_dict(cfg), "run_dir": paths.run_dir, "local_dir": paths.local_dir,
-                           "records_dir": paths.records_dir, "use_gpu": gpu,
-                           **loop_config},
-        scaling_config=ScalingConfig(**scaling_kwargs),
-        # The process-group backend: Ray Train's choice (NCCL on GPU workers, gloo otherwise)
-        # unless ELASTIC_TORCH_BACKEND names one, e.g. gloo to run a GPU-shaped job on a cluster
-        # that advertises GPUs it does not have (tests/test_fit_gpus.py).
-        torch_config=TorchConfig(backend=os.environ.get("ELASTIC_TORCH_BACKEND") or None),
-        run_config=RunConfig(name=cfg.run.name, storage_path=storage,
-                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
-                             failure_config=FailureConfig(max_failures=s.max_failures),
-                             callbacks=[RecoveryEventsCallback(os.path.join(paths.records_dir, "events.jsonl"))],
-                             worker_runtime_env={"env_vars": TRAIN_WORKER_ENV}),
-        **trainer_kwargs,
-    )
 
 
 def start_store(cfg: Config, plan: DataPlan, paths: RunPaths, eval_plan: Optional[DataPlan] = None):
@@ -236,124 +102,6 @@ def build_trainer(cfg: Config, plan: DataPlan, paths: RunPaths, gpu: bool, eval_
                                 "eval_tasks": eval_tasks or []})
 
 
-@dataclass
-class PretrainResult:
-    run_dir: str
-    local_dir: str
-    wall_s: float
-    checkpoint: Optional[str]
-    summary: dict
-    ray_logs: str = ""
-    stopped: Optional[str] = None  # the stability guard's one-line reason, when the run stopped itself
-    records_dir: str = ""  # metrics/events/ledger (the run dir, local or URI)
-
-
-def ray_logs_dir() -> str:
-    """The connected Ray session's log directory on this node (private API; best effort)."""
-    try:
-        import ray
-
-        return os.path.join(ray._private.worker.global_worker.node.get_session_dir_path(), "logs")
-    except Exception:
-        return "the Ray session's logs/ directory on the head node"
-
-
-def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str], report: Optional[dict] = None) -> dict:
-    from elastic.records import METRICS, read_records
-
-    mpath = os.path.join(paths.records_dir, METRICS)
-    recs = [r for r in read_records(mpath) if "step" in r]
-    s = {"wall_s": round(wall_s, 1), "checkpoint": checkpoint, "metrics": mpath, "steps_logged": len(recs)}
-    if recs:
-        from elastic.records import EVENTS
-        from elastic.report.bottleneck import steady_records
-
-        # Throughput over the steady steps (each attempt's first step, with compile and start-up,
-        # left out, as in the report): Σ tokens / Σ step_s, and MFU weighted by step time.
-        steady = steady_records(recs, read_records(os.path.join(paths.records_dir, EVENTS)))
-        steady_s = max(1e-9, sum(r["step_s"] for r in steady))
-        s.update(first_loss=recs[0]["loss"], last_loss=recs[-1]["loss"], last_step=recs[-1]["step"],
-                 tokens=sum(r["tokens"] for r in recs),
-                 tokens_per_s=sum(r["tokens"] for r in steady) / steady_s,
-                 mean_mfu=sum(r["mfu"] * r["step_s"] for r in steady) / steady_s, steady_steps=len(steady),
-                 bad_rows=recs[-1].get("bad_rows", 0))
-        rl = [r for r in recs if "reward_mean" in r]
-        if rl:  # GRPO: reward and pass rate, first vs last steps
-            w = max(1, min(10, len(rl) // 3))  # the report's first-10/last-10 windows
-            mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
-            s["reward"] = {"window": w, "first": mean(rl[:w], "reward_mean"), "last": mean(rl[-w:], "reward_mean"),
-                           "first_pass": mean(rl[:w], "pass_rate"), "last_pass": mean(rl[-w:], "pass_rate")}
-        held = heldout_summary(recs)
-        if held:
-            s["heldout"] = held
-        ev = eval_summary(recs)
-        if ev:
-            s["evaluation"] = ev
-    found = ckpt_lib.latest_complete(paths.run_dir)
-    if found and found[1].get("bad_rows", {}).get("counts"):  # counts and first examples, with file and line
-        s["bad_rows_detail"] = found[1]["bad_rows"]
-    acc = analyze(paths.records_dir)
-    s.update(restarts=acc["restarts"], goodput=acc["goodput"])
-    if report:
-        s.update(report)
-    with open(os.path.join(paths.local_dir, "summary.json"), "w") as f:
-        json.dump(s, f, indent=2)
-    return s
-
-
-HEADLINE_EVAL = ("val_loss", "bits_per_byte", "acc_norm")
-
-
-def eval_summary(recs: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
-    """In-training evaluation, first and last: {"val_loss" | "<task>/<metric>": {"first", "first_step",
-    "last", "last_step"}} for the validation loss and each eval.tasks task's headline metric."""
-    out: Dict[str, Dict[str, Any]] = {}
-    for r in recs:
-        for key, v in r.items():
-            name = key[5:] if key.startswith("eval/") else key
-            if name.rsplit("/", 1)[-1] not in HEADLINE_EVAL or not isinstance(v, (int, float)):
-                continue
-            e = out.setdefault(name, {"first": v, "first_step": r["step"]})
-            e.update(last=v, last_step=r["step"])
-    return out
-
-
-def heldout_summary(recs: List[Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
-    """GRPO's held-out pass@k: the starting policy's (``initial_heldout_pass_at_k``, measured
-    before step 1) and the last evaluation's, per k: {"pass_at_1": {"initial", "last", "step"}}."""
-    out: Dict[str, Dict[str, Any]] = {}
-    for r in recs:
-        for key, v in r.items():
-            if key.startswith("initial_heldout_pass_at_"):
-                out.setdefault(key[len("initial_heldout_"):], {})["initial"] = v
-            elif key.startswith("heldout_pass_at_"):
-                out.setdefault(key[len("heldout_"):], {}).update(last=v, step=r["step"])
-    return out
-
-
-class JobLaunch:
-    """What differs between jobs on the driver. `plan` runs before Ray (every input error is
-    one line before any cluster work); `start` after connecting (e.g. the reward service);
-    `trainer` builds the TorchTrainer; `stop` always runs at the end."""
-
-    job = "pretrain"  # the config validation's job name (elastic/config/load.py validate)
-
-    def plan(self, cfg: Config, paths: RunPaths, say) -> None:
-        raise NotImplementedError
-
-    def describe(self) -> list:
-        return []
-
-    def start(self, cfg: Config, paths: RunPaths) -> None:
-        pass
-
-    def trainer(self, cfg: Config, paths: RunPaths, gpu: bool):
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        pass
-
-
 class LMLaunch(JobLaunch):
     """Pretraining and SFT: the packed-sample stream."""
 
@@ -403,93 +151,8 @@ class LMLaunch(JobLaunch):
         close_store(getattr(self, "store", None))
 
 
-def run_job(cfg: Config, launch: JobLaunch, out: Optional[TextIO] = None, progress: bool = True) -> PretrainResult:
-    """Take the run's lease, plan (fails fast), start or join Ray, fit while showing progress,
-    summarise. Raises LeaseHeld, DataError or ClusterError (one line) early.
-
-    Console order: the cluster line first (which cluster and its address), then the run
-    directory, the job's plan, worker-group events and the progress line.
-    """
-    out = out or sys.stdout
-
-    def say(line: str) -> None:
-        print(line, file=out, flush=True)
-
-    def lost(rec: dict) -> None:
-        say(f"[elastic] warning: pid {rec.get('pid')} on {rec.get('host')} took over the lease of {paths.run_dir}: "
-            "this run's heartbeat stalled past the lease TTL")
-
-    paths = run_paths(cfg)
-    choice = resolve_cluster()
-    with RunLease(paths.run_dir, on_lost=lost) as lease:
-        os.makedirs(paths.local_dir, exist_ok=True)
-        t0 = time.time()
-        launch.plan(cfg, paths, say)
-        check_lora_base(cfg, paths.run_dir)  # LoRA: the adapters' base is the one they were trained on
-        with open(os.path.join(paths.local_dir, "config.json"), "w") as f:
-            json.dump(to_dict(cfg), f, indent=2)
-        choice = connect(choice, private_cpus(cfg), worker_env())
-        say(choice.describe())
-        prev = lease.took_over
-        if prev:
-            say(f"[elastic] lease: took over a stale lease (pid {prev.get('pid')} on {prev.get('host')}: its run is gone)"
-                if "pid" in prev else "[elastic] lease: replaced an unreadable lease file")
-        latest = ckpt_lib.latest_complete(paths.run_dir)
-        say(f"[elastic] run directory: {paths.run_dir} "
-            f"({'existing run, latest checkpoint ' + os.path.basename(latest[0]) if latest else 'new run'})")
-        for line in launch.describe():
-            say(line)
-        gpu = use_gpu(cfg)
-        if gpu:  # ask for no more GPU workers than the cluster has (scaling.fit, elastic/launch/fit.py)
-            import ray
-
-            cfg, note = fit_to_gpus(cfg, ray.cluster_resources().get("GPU", 0.0), launch.job)
-            if note:
-                say(note)
-                with open(os.path.join(paths.local_dir, "config.json"), "w") as f:
-                    json.dump(to_dict(cfg), f, indent=2)
-        bundles, words = required_bundles(cfg, gpu)
-        wait_for_resources(bundles, words, cfg.scaling.resource_wait_s, "scaling.resource_wait_s")
-        try:
-            launch.start(cfg, paths)
-            trainer = launch.trainer(cfg, paths, gpu)
-            # (the progress line follows a local metrics file; records on object stores have none)
-            follow = Progress(paths.records_dir if "://" not in paths.records_dir else paths.local_dir, cfg.train.steps, cfg.train.until_step or cfg.train.steps, stream=out)
-            if progress:
-                follow.start()
-            try:
-                result = trainer.fit()
-            finally:
-                if progress:
-                    follow.stop()
-                report = write_run_report(paths, say)  # also for a run that failed: it says where
-        finally:
-            launch.stop()
-        ckpt = result.checkpoint.path if result.checkpoint is not None else None
-        if result.error is not None:
-            raise result.error
-        wall = time.time() - t0
-        from elastic.records import EVENTS, read_records
-
-        stops = [e for e in read_records(os.path.join(paths.records_dir, EVENTS)) if e.get("event") == "stop" and e["time"] >= t0]
-        summary = summarize(paths, wall, ckpt, report)
-        return PretrainResult(paths.run_dir, paths.local_dir, wall, ckpt, summary, ray_logs_dir(),
-                              stopped=stops[-1]["reason"] if stops else None, records_dir=paths.records_dir)
-
-
-def write_run_report(paths: RunPaths, say) -> Optional[dict]:
-    """report.md, plots and the named bottleneck (elastic/report); never fails the run."""
-    try:
-        path, _, diag = build_report(paths.local_dir, records_dir=paths.records_dir)
-    except Exception as e:  # a report must never take a finished run down
-        say(f"[elastic] report: not written ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})")
-        return None
-    say(f"[elastic] bottleneck: {diag.name}: {diag.evidence} Lever: {diag.lever}.")
-    return {"report": path, "bottleneck": diag.name, "evidence": diag.evidence, "lever": diag.lever}
-
-
 def run_pretraining(cfg: Config, kind: str = "pretrain", out: Optional[TextIO] = None, progress: bool = True,
-                    dataset=None) -> PretrainResult:
+                    dataset=None) -> JobResult:
     """A language-modelling job: kind "pretrain" (text) or "sft" (conversations).
 
     `dataset`: a `ray.data.Dataset` (built by the caller, on the cluster it is connected to)
@@ -500,7 +163,7 @@ def run_pretraining(cfg: Config, kind: str = "pretrain", out: Optional[TextIO] =
         import ray
 
         if not ray.is_initialized():
-            from elastic.launch.cluster import ClusterError
+            from elastic.launch.runtime.cluster import ClusterError
 
             raise ClusterError("a ray.data.Dataset source needs the Ray cluster it was built on: call ray.init() first")
     return run_job(cfg, LMLaunch(kind, dataset), out, progress)

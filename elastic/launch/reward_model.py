@@ -13,7 +13,7 @@ from typing import Optional, TextIO
 from elastic.config import Config, ConfigError
 from elastic.data.preference import PairFormat
 from elastic.launch.dpo import DPOLaunch
-from elastic.launch.pretrain import PretrainResult, RunPaths, build_torch_trainer, run_job
+from elastic.launch.driver import JobResult, RunPaths, build_torch_trainer, run_job
 
 
 class RewardModelLaunch(DPOLaunch):
@@ -54,5 +54,5 @@ class RewardModelLaunch(DPOLaunch):
                                    {"pairs": ray.put(self.pairs), "bad_rows_total": self.bad.total})
 
 
-def run_reward_model(cfg: Config, out: Optional[TextIO] = None, progress: bool = True) -> PretrainResult:
+def run_reward_model(cfg: Config, out: Optional[TextIO] = None, progress: bool = True) -> JobResult:
     return run_job(cfg, RewardModelLaunch(), out, progress)

@@ -1,14 +1,13 @@
-"""Plain-PyTorch Llama-style model: no Ray, no torch.distributed.
+"""Plain-PyTorch Llama-style model: no Ray, no torch.distributed, no generation loop.
 
-llama.py (the model), attention.py (document-masked backends), generate.py (the generation
-engine: decoder.py, static_cache.py, sampling.py, cuda_graphs.py; generate_reference.py and
-kv_cache.py are the pre-engine path, kept as its reference), hf.py (Hugging Face Llama/Qwen2/Qwen3
-in and out), dcp_io.py (reading our checkpoints in one process, for tools).
+llama.py (the model), attention.py (document-masked backends), cache.py (what the model asks of a
+KV cache: caches themselves live in elastic/generation), lora.py (adapters), scores.py (scalar-head
+sequence scores), hf.py (Hugging Face Llama/Qwen2/Qwen3 in and out), dcp_io.py (reading our
+checkpoints in one process, for tools).
 """
 
 from elastic.model.attention import BACKENDS, available_backends, build_attention_metadata, choose_backend
-from elastic.model.generate import Completion, generate
 from elastic.model.llama import ModelArgs, Transformer, flops_per_token
 
-__all__ = ["BACKENDS", "Completion", "ModelArgs", "Transformer", "available_backends", "build_attention_metadata", "choose_backend",
-           "flops_per_token", "generate"]
+__all__ = ["BACKENDS", "ModelArgs", "Transformer", "available_backends", "build_attention_metadata", "choose_backend",
+           "flops_per_token"]

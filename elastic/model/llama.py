@@ -8,10 +8,11 @@ RoPE and attention behave as if each document were run alone.
 The layout follows Hugging Face's Llama/Qwen2/Qwen3 exactly (rotate-half RoPE, optional q/k/v
 biases, optional per-head q/k RMSNorm, an explicit head_dim, Llama-3.1's "llama3" RoPE
 scaling), so their weights map onto this model by renaming alone (elastic/model/hf.py).
-For generation, `forward` takes an optional KV cache (elastic/model/kv_cache.py): the same
-blocks and the same forward calls, so FSDP's per-module hooks keep working. The blocks hand
-their keys/values to any cache object's `attend`; the generation engine
-(elastic/model/decoder.py) drives the blocks with the static cache of static_cache.py.
+For generation, `forward` takes an optional KV cache (any object with the methods of
+elastic/model/cache.py, e.g. elastic/generation/kv_cache.py): the same blocks and the same
+forward calls, so FSDP's per-module hooks keep working. The blocks hand their keys/values to the
+cache's `attend`; the generation engine (elastic/generation/decoder.py) drives the blocks with
+its static cache (elastic/generation/static_cache.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from elastic.model.attention import AttentionMetadata, attention, build_attention_metadata
-from elastic.model.kv_cache import CacheAttention, KVCache
+from elastic.model.cache import CacheAttention, ForwardCache
 
 
 @dataclass
@@ -235,7 +236,7 @@ class Transformer(nn.Module):
         self.freqs_cis = rope_frequencies(a.head_dim, a.max_seq_len, a.rope_theta, device=dev, scaling=a.rope_scaling)
 
     def forward(self, tokens: torch.Tensor, positions: Optional[torch.Tensor] = None, doc_ids: Optional[torch.Tensor] = None,
-                meta: Optional[AttentionMetadata] = None, cache: Optional[KVCache] = None,
+                meta: Optional[AttentionMetadata] = None, cache: Optional[ForwardCache] = None,
                 last_only: bool = False, select: Optional[torch.Tensor] = None) -> torch.Tensor:
         """tokens, positions, doc_ids: [B, T] → logits [B, T, vocab] ([B, 1, vocab] with `last_only`;
         [N, vocab] with `select`, N flat indices into B*T: only the positions a caller scores go

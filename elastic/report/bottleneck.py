@@ -341,7 +341,7 @@ def diagnose(metrics: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]]
              recovery: Optional[Dict[str, Any]] = None, config: Optional[Dict[str, Any]] = None,
              device: Optional[str] = None) -> Diagnosis:
     """The named bottleneck of a run. `metrics`: step records in file order (redone steps may
-    repeat); `events`: events.jsonl records; `recovery`: `elastic.launch.recovery.analyze`'s
+    repeat); `events`: events.jsonl records; `recovery`: `elastic.report.recovery.analyze`'s
     result; `config`: the resolved config dict (only for naming current values in levers);
     `device`: "cpu" / "cuda:0" (default: the latest `start` event's, else "cuda" when the
     records carry device memory, else "unknown")."""

@@ -3,7 +3,7 @@
 Why a loader of its own: the report must work on a finished run, on a run still writing its
 records and on a run that crashed, and on runs written by older trainers that lack fields. So
 nothing here assumes a file or a field exists: records come through `elastic.records` (a last
-line cut by a crash is skipped), recovery accounting through `elastic.launch.recovery.analyze`
+line cut by a crash is skipped), recovery accounting through `elastic.report.recovery.analyze`
 (its failure is reported, not raised), and the run's state is inferred from what is there:
 
   crashed      the Ray Train controller went to ErroredState or AbortedState after the last
@@ -141,7 +141,7 @@ def load_run(run_dir: str, now: Optional[float] = None, records_dir: Optional[st
     recovery = None
     if metrics or events:
         try:
-            from elastic.launch.recovery import analyze
+            from elastic.report.recovery import analyze
 
             recovery = analyze(rec)
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:

@@ -1,19 +1,26 @@
-"""Reward service: sandboxed compile/test/benchmark of untrusted C/C++ programs, and
-sandboxed test runs of Python programs (:mod:`elastic.reward.python_tests`).
+"""Rewards: verifiers that score completions (elastic/reward/verifiers), and the Ray actor pool
+and named service that run them for a whole training run. Untrusted code runs only inside
+elastic/sandbox. Knows nothing of models or the trainer.
 
-Knows nothing of models or the trainer. Entry points: :func:`evaluate` (one program),
-:class:`RewardPool` (a Ray actor pool), :func:`start_service` / :func:`connect` (the run's one
-shared reward service, a named actor owning the pool), ``python -m elastic.reward`` (the CLI).
+    result.py    the structured outcome of one evaluation (Result)
+    settings.py  evaluation knobs from the `reward` config section (EvalSettings)
+    tasks.py     RL tasks: the prompt and what the verifiers check, read from task files
+    verifiers/   the verifier registry and one module or subpackage per verifier
+    pool.py      RewardPool: Ray actors serving evaluations (streaming, deduplicated, retried)
+    service.py   the run's one shared reward service, a named actor owning the pool
+
+Entry points: :func:`evaluate` (one C/C++ program), :func:`evaluate_python`, :class:`RewardPool`,
+:func:`start_service` / :func:`connect`, ``python -m elastic.reward`` (the CLI).
 """
 
-from elastic.reward.evaluator import evaluate, evaluate_completion
-from elastic.reward.extract import extract_code
-from elastic.reward.isolation import SandboxUnavailable
-from elastic.reward.problems import Problem, ProblemError, load_problem, load_problems
-from elastic.reward.python_tests import PythonTests, check_tests, evaluate_python, extract_program
 from elastic.reward.result import STATUSES, Result, TestResult, Timing
-from elastic.reward.scoring import speedup_reward
 from elastic.reward.settings import EvalSettings
+from elastic.reward.verifiers.code_opt.evaluator import evaluate, evaluate_completion
+from elastic.reward.verifiers.code_opt.extract import extract_code
+from elastic.reward.verifiers.code_opt.problems import Problem, ProblemError, load_problem, load_problems
+from elastic.reward.verifiers.code_opt.scoring import speedup_reward
+from elastic.reward.verifiers.python_tests.verifier import PythonTests, check_tests, evaluate_python, extract_program
+from elastic.sandbox.isolation import SandboxUnavailable
 
 
 _LAZY = {"RewardPool": "pool", "RewardUnavailable": "pool", "RewardClient": "service",

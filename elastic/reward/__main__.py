@@ -16,9 +16,9 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from elastic.reward.evaluator import evaluate_completion
-from elastic.reward.isolation import SandboxUnavailable
-from elastic.reward.problems import ProblemError, load_problem
+from elastic.reward.verifiers.code_opt.evaluator import evaluate_completion
+from elastic.sandbox.isolation import SandboxUnavailable
+from elastic.reward.verifiers.code_opt.problems import ProblemError, load_problem
 from elastic.reward.result import Result
 from elastic.reward.settings import EvalSettings
 

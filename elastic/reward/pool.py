@@ -26,7 +26,7 @@ One mechanism serves both callers: :meth:`RewardPool.submit` enqueues a completi
   failed attempts with no success in between (actors that die at once, again and again).
 * Tasks (code-optimisation problems, Python tests, math answers...: elastic/reward/tasks.py)
   are shipped by value through the object store (``ray.put`` once per task), so actors need no
-  shared filesystem. What scores them is ``reward.kind`` (elastic/reward/verifiers.py).
+  shared filesystem. What scores them is ``reward.kind`` (elastic/reward/verifiers/registry.py).
 """
 
 from __future__ import annotations
@@ -45,11 +45,11 @@ from typing import Any, Deque, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import ray
 
-from elastic.reward.problems import Problem, load_problems
+from elastic.reward.verifiers.code_opt.problems import Problem, load_problems
 from elastic.reward.result import STATUSES, Result
 from elastic.reward.settings import EvalSettings
 from elastic.reward.tasks import Task, tasks_from_problems
-from elastic.reward.verifiers import Env, RewardSpec, empty_result, identities, score, spec_from_section
+from elastic.reward.verifiers.registry import Env, RewardSpec, empty_result, identities, score, spec_from_section
 
 log = logging.getLogger("elastic.reward")
 RESOURCE_AMOUNT = 0.01

@@ -69,7 +69,7 @@ class Result:
     # so its timing was measured once for all copies.
     dedup: bool = False
     # A weighted sum of verifiers (reward.kind "a + 0.1*b"): each term's kind, weight, status,
-    # reward and reason (elastic/reward/verifiers.py); empty for a single verifier.
+    # reward and reason (elastic/reward/verifiers/registry.py); empty for a single verifier.
     components: List[Dict[str, Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:

@@ -46,7 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 import ray
 
 from elastic.reward.pool import RewardPool, RewardUnavailable
-from elastic.reward.problems import Problem, load_problems
+from elastic.reward.verifiers.code_opt.problems import Problem, load_problems
 from elastic.reward.result import Result
 from elastic.reward.tasks import Task, tasks_from_problems
 

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from elastic.reward.problems import Problem, ProblemError
-from elastic.reward.python_tests import PythonTests
+from elastic.reward.verifiers.code_opt.problems import Problem, ProblemError
+from elastic.reward.verifiers.python_tests.verifier import PythonTests
 
 # Our field names and the names they are read from by default (rl.fields overrides any).
 DEFAULT_FIELDS: Dict[str, str] = {
@@ -137,7 +137,7 @@ def row_task(row: Dict[str, Any], where: str, index: int, stem: str, fields: Dic
              needs: Sequence[str], python_limits: Tuple[float, int] = (3.0, 512)) -> Task:
     """One row as a Task; ValueError (one line) when it cannot be one. `needs`: what the
     verifiers require of every task ("tests", "answer", "pattern")."""
-    from elastic.reward.python_tests import check_tests
+    from elastic.reward.verifiers.python_tests.verifier import check_tests
 
     tid = row.get(fields["id"])
     tid = str(tid) if tid is not None and str(tid).strip() else f"{stem}/{index}"

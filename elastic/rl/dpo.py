@@ -14,7 +14,7 @@ One global step s (every rank runs the same code on its own pairs):
    elastic/launch/dpo_reference.py).
 3. **Update**: each micro-batch holds `train.micro_batch_size` pairs as 2 rows per pair (chosen,
    rejected; prompt + answer, right-padded, one document per row); the loss function sums the
-   per-pair DPO losses (elastic/rl/dpo_loss.py) and the loop divides by the global pair count B,
+   per-pair DPO losses (elastic/rl/algorithms/dpo_loss.py) and the loop divides by the global pair count B,
    so the gradient does not depend on the split over workers and micro-batches.
 
 The job's state in the checkpoint is the pair cursor (s·B); nothing else is needed to resume,
@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from elastic.data.preference import PairSet, PairStream
-from elastic.rl.dpo_loss import answer_logprobs, dpo_loss
+from elastic.rl.algorithms.dpo_loss import answer_logprobs, dpo_loss
 from elastic.train.job import Job, Update, WorkerContext
 from elastic.train.step import LossFn, LossOutput, Micro, StepOutput, batch_attention, to_device
 

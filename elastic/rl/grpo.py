@@ -42,12 +42,12 @@ import torch
 from elastic.data.chat import ChatFormat, prompt_segments, tokenize_segments
 from elastic.data.tokenizer import from_json
 from elastic.records import append_record
-from elastic.rl.advantages import group_advantages, weight_negatives, zero_variance_groups
-from elastic.rl.aggregation import StepCounts
-from elastic.rl.logprobs import token_entropy, token_logprobs
-from elastic.rl.loss import grpo_loss
-from elastic.rl.overlong import overlong_penalty
-from elastic.rl.pass_at_k import mean_pass_at_k
+from elastic.rl.algorithms.advantages import group_advantages, weight_negatives, zero_variance_groups
+from elastic.rl.algorithms.aggregation import StepCounts
+from elastic.rl.algorithms.logprobs import token_entropy, token_logprobs
+from elastic.rl.algorithms.loss import grpo_loss
+from elastic.rl.algorithms.overlong import overlong_penalty
+from elastic.eval.pass_at_k import mean_pass_at_k
 from elastic.rl.prompts import PromptStream, completion_id, flat, group_of, rank_completions
 from elastic.rl.seeds import derive_seed, rollout_seed
 from elastic.train.job import Job, Update, WorkerContext
@@ -157,8 +157,8 @@ class GRPOJob(Job):
         self._initial_eval: Dict[str, Any] = {}
         self.reward = connect(ctx.config["reward_service"])
         # reward.kind's `model` term: its weight times the reward model's score is added to
-        # what the verifier pool returned (elastic/rl/reward_model_service.py).
-        from elastic.reward.verifiers import parse_kind
+        # what the verifier pool returned (elastic/launch/reward_model_service.py).
+        from elastic.reward.verifiers.registry import parse_kind
 
         self.rm = ctx.config.get("rm_service")
         self.rm_weight = dict(parse_kind(cfg.reward.kind)).get("model", 0.0)

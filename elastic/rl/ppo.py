@@ -8,16 +8,16 @@ policy objective and its aggregation modes. What PPO adds, one global step s:
 1. **Values**: the critic (a scalar-head model, `model.num_labels: 1` style, sharded like the
    policy; initialised from `rl.critic_init`, else `reward.model_path`, else the policy with a
    new head) gives V at every completion token (the state before it).
-2. **Token-level rewards** (elastic/rl/gae.py): the sequence reward on the last completion
+2. **Token-level rewards** (elastic/rl/algorithms/gae.py): the sequence reward on the last completion
    token, minus `kl_coef * (log pi_old - log pi_ref)` on every token (k1, in the reward as
    OpenRLHF and verl do); kl_coef comes from the KL controller (fixed or adaptive,
-   elastic/rl/kl_controller.py), updated once per step with the step's mean KL.
+   elastic/rl/algorithms/kl_controller.py), updated once per step with the step's mean KL.
 3. **GAE** per completion (gamma, lam; verl's semantics), returns = A + V; advantages whitened
    with the mean and variance of *all* the step's completion tokens (one collective), so the
    numbers do not depend on the world size.
 4. **Update**: each optimizer step's loss is the clipped policy loss on the token advantages
    (multiplied by 0 during `rl.critic_warmup_steps`) plus `rl.vf_coef` x the clipped value loss
-   (elastic/rl/value_loss.py). The critic has its own AdamW (`rl.critic_lr`), stepped after the
+   (elastic/rl/algorithms/value_loss.py). The critic has its own AdamW (`rl.critic_lr`), stepped after the
    policy's, its gradients clipped at `train.grad_clip`.
 
 Exact resume: the critic and its optimizer are checkpointed with the policy (the loop's `aux`
@@ -35,14 +35,14 @@ from typing import Any, Dict, Iterator, List, Optional
 import numpy as np
 import torch
 
-from elastic.rl.aggregation import StepCounts
-from elastic.rl.gae import gae_advantages_returns, token_level_rewards
+from elastic.rl.algorithms.aggregation import StepCounts
+from elastic.rl.algorithms.gae import gae_advantages_returns, token_level_rewards
 from elastic.rl.grpo import GRPOJob, Rollout, StepOutcome, scoring_temperature
-from elastic.rl.kl_controller import build_kl_controller, kl_controller_from_state_dict
-from elastic.rl.logprobs import token_entropy, token_logprobs
-from elastic.rl.loss import grpo_loss
+from elastic.rl.algorithms.kl_controller import build_kl_controller, kl_controller_from_state_dict
+from elastic.rl.algorithms.logprobs import token_entropy, token_logprobs
+from elastic.rl.algorithms.loss import grpo_loss
 from elastic.rl.prompts import completion_id, flat, group_of
-from elastic.rl.value_loss import clipped_value_loss
+from elastic.rl.algorithms.value_loss import clipped_value_loss
 from elastic.train.job import Update, WorkerContext
 from elastic.train.step import LossFn, LossOutput, Micro, StepOutput, batch_attention, to_device
 

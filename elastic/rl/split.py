@@ -23,7 +23,7 @@ class ProblemSplit:
 
 def split_problems(available: Iterable[str], heldout: Sequence[str], where: str = "rl.problems") -> ProblemSplit:
     """Split the ids found in the problem directory (e.g. the keys of
-    ``elastic.reward.problems.load_problems(cfg.rl.problems)``). An unknown held-out id, or
+    ``elastic.reward.verifiers.code_opt.problems.load_problems(cfg.rl.problems)``). An unknown held-out id, or
     nothing left to train on, is a one-line :class:`ConfigError` naming ``rl.heldout``: call it
     in the driver right after loading the config, before any work starts."""
     ids = sorted(set(available))

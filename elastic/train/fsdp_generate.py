@@ -15,7 +15,7 @@ would then wait on each other's collectives forever. So for the whole `generate(
 3. the previous reshard-after-forward setting is restored and every module is resharded
    (local: it only frees the gathered copies).
 
-The generation engine (elastic/model/generate.py) needs this: it runs each block's own
+The generation engine (elastic/generation/generate.py) needs this: it runs each block's own
 `forward`, not the module call, so no FSDP hook runs at all during decoding (hooks would also
 break its compiled, graph-captured decode step at every block); it refuses a model whose
 parameters are still sharded.
@@ -33,7 +33,7 @@ from typing import Any, Iterator, List
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
-from elastic.model.generate import Completion, generate
+from elastic.generation.generate import Completion, generate
 
 
 def _fsdp_modules(model: nn.Module) -> List[FSDPModule]:
@@ -75,7 +75,7 @@ def gathered_parameters(model: nn.Module) -> Iterator[nn.Module]:
 
 
 def fsdp_generate(model: nn.Module, prompts: List[List[int]], max_new_tokens: int, **kwargs: Any) -> List[Completion]:
-    """`elastic.model.generate.generate` on a sharded model; all ranks call it together,
+    """`elastic.generation.generate.generate` on a sharded model; all ranks call it together,
     each with its own prompts."""
     with gathered_parameters(model):
         return generate(model, prompts, max_new_tokens, **kwargs)

@@ -206,7 +206,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
     device = resolve_device(config["use_gpu"])
     if device.type == "cpu":
         # This (training) thread's own pool; the launcher sets OMP_NUM_THREADS=1 so the actor's
-        # main thread never builds a second one (see elastic/launch/pretrain.py worker_env).
+        # main thread never builds a second one (see elastic/launch/driver.py worker_env).
         torch.set_num_threads(max(1, int(cfg.scaling.cpus_per_worker)))
     t = cfg.train
 

@@ -1,0 +1,10 @@
+"""What every job driver needs around Ray, apart from any one job.
+
+    cluster.py            which Ray cluster a job runs on (joined, or a private one it starts),
+                          and whether that cluster can hold the run
+    local_cluster.py      a real multi-node Ray cluster on one machine (drills, tests)
+    lease.py              one live run per run directory: a lease file with a heartbeat
+    fit.py                ask for no more GPU workers than the cluster has
+    progress.py           the driver's one progress line, followed from metrics.jsonl
+    recovery_callback.py  Ray Train controller decisions (retries, resizes) into events.jsonl
+"""

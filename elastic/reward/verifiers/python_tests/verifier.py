@@ -1,0 +1,603 @@
+"""The ``python_tests`` verifier: run a Python program against a task's tests in the sandbox.
+
+Two task forms (:class:`PythonTests`): HumanEval (``test`` defines ``check(candidate)``,
+called with the program's ``entry_point`` function) and MBPP (``test_list``: one assert
+statement per test, ``test_setup`` run first). The verdict (:func:`evaluate_python`):
+
+* ``ok``: the harness reported every test as run and passed;
+* ``syntax_error``: no Python code in the completion, or the program does not compile;
+* ``runtime_error``: the program raised while loading (``import`` of a missing module,
+  ``sys.exit()``...), or its own code raised in a test (any exception, an ``AssertionError``
+  inside the program included), or its process ended or the harness stopped before every test
+  reported (``os._exit``, killing the harness, the output cap);
+* ``wrong_answer``: a test's assertion failed, the program returned something that is not
+  plain builtin data, or the test's own code raised on the returned value (``len(None)``);
+* ``timeout``: a test (or loading the program) ran over ``time_limit_s``, or the sandbox's
+  wall clock ran out;
+* ``memory_limit``: ``MemoryError`` in the program, or its process killed with evidence of
+  the memory cgroup's limit;
+* ``sandbox_error``: the infrastructure failed (the sandbox did not start, the task's own
+  test set-up fails, a test passes a non-data argument); never a verdict on the program.
+
+Tests run in order and stop at the first failure (later ones are ``skipped``). HumanEval's
+``check`` is one test named ``check``; its failing assertion's source line is the reason.
+MBPP's tests are ``test_0``, ``test_1``...
+
+Protocol (elastic/reward/verifiers/python_tests/harness.py, run as ``python3 -I -S -B harness.py``, stdin a
+file holding two length-prefixed marshal records): the harness reads the program, makes
+itself non-dumpable, forks; the child loads the program and serves calls; only then does the
+parent read the tests and a random per-run nonce, run the tests with the program's functions
+replaced by proxies, and write ``@<nonce> S <n>``, ``@<nonce> T <i> <status> <s> <detail>``
+per test and ``@<nonce> E <n>`` on the original stdout (``C`` when the program does not
+load, ``H`` when the task is broken). A pass needs every one of those lines, consistent;
+an exit status is never evidence.
+
+Threat model. The usual reward hacks of RL on code fail by construction:
+
+* the program never runs in the process that runs the tests and writes the report: it is a
+  forked child whose stdout is redirected to stderr, forked before the nonce and the tests
+  were read (they are not in its memory), and the harness is non-dumpable, so without
+  capabilities (bubblewrap drops them all) the child can open neither /proc/<harness>/mem
+  nor /proc/<harness>/fd; printed "PASSED" lines, ``sys.exit(0)``/``os._exit(0)``, killing
+  the harness or closing its channel all leave report lines missing, which is a failure;
+* a function's return value crosses a pipe as marshal data after an exact-type check: only
+  None/bool/int/float/complex/str/bytes and list/tuple/set/frozenset/dict of those; an
+  object whose ``__eq__`` always returns True is ``wrong_answer`` ("returned a non-builtin
+  value"), and the parent checks again what it unmarshals;
+* monkeypatching builtins, ``AssertionError``, ``print``, ``sys.modules`` or the test's
+  modules (``math.isclose = lambda *a: True``) changes only the child: the tests, their
+  imports and the task's prompt helpers (``poly`` of HumanEval/32, ``encode_cyclic`` of /38:
+  the prompt's trusted definitions, not the program's) live in the parent.
+
+What remains. The child is the program's: it can answer calls however it likes (e.g. with
+answers special-cased to the test inputs it receives), which is the task's weakness, not the
+harness's. Arguments are copied, so a test that checks an in-place mutation of its argument
+cannot pass. The harness trusts marshal.loads with what the child sends (a memory-corruption
+bug there is out of scope). Without ctypes the harness stays dumpable, and under the weak
+isolation opt-in (no bubblewrap: root keeps CAP_SYS_PTRACE, the stdin file is readable on
+the host) a determined program can read the harness's memory, find the nonce and forge the
+report: the nonce then only defeats printed fakes and early exits; the sandbox (namespaces,
+cgroup, rlimits, clean environment, scratch tmpfs) is what contains the damage.
+"""
+
+from __future__ import annotations
+
+import ast
+import atexit
+import dataclasses
+import builtins
+import keyword
+import logging
+import marshal
+import os
+import re
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from elastic.reward.verifiers.programs import classify
+from elastic.reward.result import Result, TestResult
+from elastic.sandbox.command import Limits, RunOutcome, Sandbox
+from elastic.reward.settings import EvalSettings
+
+log = logging.getLogger("elastic.reward")
+
+HARNESS = Path(__file__).with_name("harness.py")
+INTERPRETER_FLAGS = ("-I", "-S", "-B")  # isolated (no PYTHON* env, no user site), no site, no .pyc writes
+STARTUP_S = 2.0  # wall allowance beyond the tests' own limits: interpreter start, harness, teardown
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"  # the sandbox's PATH (sandbox._clean_env)
+
+
+@dataclass
+class PythonTests:
+    """A task's tests (a plain picklable value)."""
+
+    entry_point: str = ""  # HumanEval: the function passed to check(candidate); MBPP: optional
+    test: str = ""  # HumanEval: source defining check(candidate) (and maybe METADATA, imports)
+    test_list: List[str] = field(default_factory=list)  # MBPP: one assert statement per test
+    test_setup: str = ""  # MBPP test_setup_code, run before the tests
+    prompt: str = ""  # HumanEval prompt (signature + docstring), used when the completion is only a body
+    time_limit_s: float = 3.0  # per test (HumanEval: the whole check), and for loading the program
+    memory_mb: int = 512
+
+    @classmethod
+    def from_humaneval(cls, record: Dict, **kw) -> "PythonTests":
+        """From a HumanEval record (``prompt``, ``test``, ``entry_point``)."""
+        return cls(entry_point=record["entry_point"], test=record["test"], prompt=record.get("prompt", ""), **kw)
+
+    @classmethod
+    def from_mbpp(cls, record: Dict, **kw) -> "PythonTests":
+        """From an MBPP record (``test_list``, ``test_setup_code``; ``entry_point`` if present)."""
+        return cls(entry_point=record.get("entry_point", ""), test_list=list(record["test_list"]),
+                   test_setup=record.get("test_setup_code", "") or "", **kw)
+
+
+def _parse(src: str, what: str, where: str) -> ast.Module:
+    try:
+        return ast.parse(src)
+    except (SyntaxError, ValueError) as e:
+        msg = e.msg if isinstance(e, SyntaxError) else str(e)
+        line = f" (line {e.lineno})" if isinstance(e, SyntaxError) and e.lineno else ""
+        raise ValueError(f"{where}: python_tests.{what} does not parse: {msg}{line}") from None
+
+
+def check_tests(spec: PythonTests, where: str) -> None:
+    """Raise a one-line ValueError naming `where` and the field when `spec` is unusable."""
+    if not isinstance(spec, PythonTests):
+        raise ValueError(f"{where}: python_tests must be a PythonTests, got {type(spec).__name__}")
+    if not spec.test.strip() and not spec.test_list:
+        raise ValueError(f"{where}: python_tests has no tests (neither test nor test_list)")
+    if spec.test.strip() and spec.test_list:
+        raise ValueError(f"{where}: python_tests has both test (HumanEval form) and test_list (MBPP form)")
+    if spec.entry_point and (not spec.entry_point.isidentifier() or keyword.iskeyword(spec.entry_point)):
+        raise ValueError(f"{where}: python_tests.entry_point {spec.entry_point!r} is not a Python identifier")
+    if spec.test.strip():
+        if not spec.entry_point:
+            raise ValueError(f"{where}: python_tests.entry_point is required with test (HumanEval form)")
+        tree = _parse(spec.test, "test", where)
+        if not any(isinstance(n, ast.FunctionDef) and n.name == "check" for n in tree.body):
+            raise ValueError(f"{where}: python_tests.test defines no top-level check(candidate)")
+    for i, t in enumerate(spec.test_list):
+        if not isinstance(t, str) or not t.strip():
+            raise ValueError(f"{where}: python_tests.test_list[{i}] is empty")
+        tree = _parse(t, f"test_list[{i}]", where)
+        if not any(isinstance(n, ast.Assert) for n in ast.walk(tree)):
+            raise ValueError(f"{where}: python_tests.test_list[{i}] has no assert statement")
+    if spec.test_setup.strip():
+        _parse(spec.test_setup, "test_setup", where)
+    if not spec.time_limit_s > 0:
+        raise ValueError(f"{where}: python_tests.time_limit_s must be > 0, got {spec.time_limit_s}")
+    if spec.memory_mb < 32:
+        raise ValueError(f"{where}: python_tests.memory_mb must be >= 32, got {spec.memory_mb}")
+
+
+# -- program extraction ----------------------------------------------------------------------
+_FENCE = re.compile(r"^[ \t]*(```+|~~~+)[ \t]*([A-Za-z0-9_+#.-]*)[^\n]*\n(.*?)^[ \t]*\1[ \t]*$", re.S | re.M)
+_OPEN_FENCE = re.compile(r"^[ \t]*(```+|~~~+)[ \t]*([A-Za-z0-9_+#.-]*)[^\n]*\n", re.M)
+_PY_TAGS = {"", "python", "py", "python3", "py3"}
+
+
+def _defines(program: str, name: str) -> bool:
+    """Whether `program` binds `name` at top level (def, async def, class, assignment). A regex,
+    so the parent never parses untrusted code."""
+    n = re.escape(name)
+    return re.search(rf"^(?:(?:async[ \t]+)?def|class)[ \t]+{n}\b|^{n}[ \t]*(?::[^=\n]*)?=(?!=)", program, re.M) is not None
+
+
+def extract_program(completion: str, spec: PythonTests) -> Optional[str]:
+    """The program to run: the last ```python / ```py / untagged fenced block, else the raw
+    completion (an unclosed last fence, as when generation stopped at the token limit, counts
+    as a block to the end). With a HumanEval prompt: a body only (the entry point not defined
+    at top level) is appended to the prompt; a full program gets the prompt first (its
+    imports and helpers; its own definitions override the prompt's stub). None when nothing
+    usable remains (empty, or only blocks tagged with another language)."""
+    blocks = [(m.group(2).lower(), m.group(3)) for m in _FENCE.finditer(completion)]
+    py = [body for tag, body in blocks if tag in _PY_TAGS and body.strip()]
+    if py:
+        program = py[-1]
+    elif blocks:
+        return None  # fenced code, none of it Python
+    else:
+        opened = list(_OPEN_FENCE.finditer(completion))
+        if opened:
+            if opened[-1].group(2).lower() not in _PY_TAGS:
+                return None
+            program = completion[opened[-1].end():]
+        else:
+            program = completion
+    if not program.strip():
+        return None
+    prompt = spec.prompt
+    if not prompt.strip() or not spec.entry_point:
+        return program
+    if program.lstrip().startswith(prompt.strip()):
+        return program
+    if _defines(program, spec.entry_point):
+        return prompt.rstrip("\n") + "\n\n\n" + program
+    if not _defines(prompt, spec.entry_point):
+        return program
+    sep = "" if prompt.endswith("\n") or program.startswith("\n") else "\n"
+    return prompt + sep + program
+
+
+# -- the plan the harness gets (derived from the trusted tests; cached) ---------------------------
+@dataclass(frozen=True)
+class _Plan:
+    form: str  # humaneval | mbpp
+    names: Tuple[str, ...]  # test names
+    proxies: Tuple[str, ...]  # names bound to the program's functions in the tests' namespace
+    helpers: Tuple[str, ...]  # names bound to the prompt's (trusted) definitions
+
+
+_PLANS: Dict[tuple, _Plan] = {}
+_BUILTIN_NAMES = frozenset(dir(builtins))
+
+
+def _loaded_names(tree: ast.AST) -> set:
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
+def _bound_at_top(tree: ast.Module) -> set:
+    out = set()
+    for n in tree.body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(n.name)
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0] for a in n.names}
+        elif isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+            for t in targets:
+                out |= {x.id for x in ast.walk(t) if isinstance(x, ast.Name)}
+    return out
+
+
+def plan(spec: PythonTests, where: str = "task") -> _Plan:
+    """What the harness binds for `spec`'s tests (checked first: ValueError naming `where`)."""
+    key = (spec.entry_point, spec.test, tuple(spec.test_list), spec.test_setup, spec.prompt)
+    p = _PLANS.get(key)
+    if p is not None:
+        return p
+    check_tests(spec, where)
+    ep = spec.entry_point
+    if spec.test.strip():
+        form, names = "humaneval", ("check",)
+        referenced = _loaded_names(ast.parse(spec.test))
+        proxies = (ep,)
+    else:
+        form, names = "mbpp", tuple(f"test_{i}" for i in range(len(spec.test_list)))
+        setup = _bound_at_top(ast.parse(spec.test_setup)) if spec.test_setup.strip() else set()
+        trees = [ast.parse(t) for t in spec.test_list]
+        referenced = set().union(*(_loaded_names(t) for t in trees))
+        called = {n.func.id for t in trees for n in ast.walk(t) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        proxies = tuple(sorted({c for c in called if c not in setup and (c not in _BUILTIN_NAMES or c == ep)}
+                               | ({ep} if ep else set())))
+    helpers: Tuple[str, ...] = ()
+    if spec.prompt.strip():
+        try:
+            defined = {n.name for n in ast.parse(spec.prompt).body
+                       if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+        except (SyntaxError, ValueError):
+            defined = set()
+        helpers = tuple(sorted((defined & referenced) - set(proxies) - {ep}))
+    p = _Plan(form, names, proxies, helpers)
+    if len(_PLANS) > 4096:
+        _PLANS.clear()
+    _PLANS[key] = p
+    return p
+
+
+# -- running -----------------------------------------------------------------------------------
+_PRIVATE_DIRS: Dict[Tuple[str, str], str] = {}
+
+
+def _private_dir(kind: str, scratch_root: Optional[str]) -> str:
+    """A directory of this process, removed at exit; named like the launcher's builds, so a
+    killed process's leftovers are swept with them (launcher._sweep_dead_builds)."""
+    root = scratch_root or tempfile.gettempdir()
+    key = (kind, root)
+    if key not in _PRIVATE_DIRS or not os.path.isdir(_PRIVATE_DIRS[key]):
+        d = tempfile.mkdtemp(prefix=f"elastic-launcher-{os.getpid()}-{kind}-", dir=root)  # 0700
+        atexit.register(shutil.rmtree, d, True)
+        _PRIVATE_DIRS[key] = d
+    return _PRIVATE_DIRS[key]
+
+
+def harness_path(scratch_root: Optional[str] = None) -> str:
+    """This process's read-only copy of the harness; its directory (nothing else in it) is
+    what the sandbox sees of the host besides /usr."""
+    d = _private_dir("pyharness", scratch_root)
+    dst = os.path.join(d, "harness.py")
+    if not os.path.isfile(dst):
+        shutil.copyfile(HARNESS, dst)
+        os.chmod(dst, 0o444)
+        os.chmod(d, 0o755)  # readable where the sandbox is not root
+    return dst
+
+
+class _StdinFile:
+    """A private (0600) file for one run's stdin (program, tests, nonce), in a 0700 directory
+    that is never exposed to a sandbox; removed on close (whatever removed it first)."""
+
+    def __init__(self, scratch_root: Optional[str]) -> None:
+        fd, self.name = tempfile.mkstemp(prefix="in-", dir=_private_dir("pyin", scratch_root))
+        self.f = os.fdopen(fd, "wb")
+
+    def write(self, data: bytes) -> None:
+        self.f.write(data)
+        self.f.flush()
+
+    def close(self) -> None:
+        self.f.close()
+        try:
+            os.unlink(self.name)
+        except FileNotFoundError:  # at exit, the directory may have gone first
+            pass
+
+    def __enter__(self) -> "_StdinFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+
+def harness_input(program: str, spec: PythonTests, p: _Plan, nonce: str) -> bytes:
+    """The harness's stdin: the program (read before it forks), then the tests and the nonce."""
+    tests = {"nonce": nonce, "time_limit": float(spec.time_limit_s), "form": p.form, "entry": spec.entry_point,
+             "test": spec.test, "tests": list(spec.test_list), "setup": spec.test_setup, "prompt": spec.prompt,
+             "proxies": list(p.proxies), "helpers": list(p.helpers)}
+    out = b""
+    for rec in (program, tests):
+        data = marshal.dumps(rec, 4)
+        out += len(data).to_bytes(4, "big") + data
+    return out
+
+
+def run_limits(spec: PythonTests, n_tests: int) -> Limits:
+    wall = STARTUP_S + spec.time_limit_s * (n_tests + 1)
+    return Limits(wall_s=wall, cpu_s=wall, memory_mb=spec.memory_mb, pids=64, nofile=64, fsize_mb=16,
+                  stdout_bytes=1 << 20, stderr_keep_bytes=4 << 10, stderr_max_bytes=1 << 20, scratch_mb=64)
+
+
+def _interpreter_argv(settings: EvalSettings) -> List[str]:
+    return [settings.python_executable, *INTERPRETER_FLAGS, "harness.py"]
+
+
+_AHEAD_LOCK = threading.Lock()
+
+
+class _HarnessRun:
+    """One harness run under bubblewrap, launched (cgroup, rlimits) and set up (namespaces,
+    mounts; ``setup_ahead``) before its program and tests exist: its stdin is an empty private
+    file, already open in the sandbox, filled just before the run is released.
+
+    The sandbox keeps one for the next evaluation (``Sandbox._python_ahead``), prepared while
+    the current one runs, so bubblewrap's set-up is off the next evaluation's critical path
+    (what the C path gets from RunQueue and the spare launcher). It is used only when the next
+    evaluation asks for the same command and limits, else cancelled (its program never runs).
+
+    It is used only by the thread that prepared it: bubblewrap's ``--die-with-parent`` is
+    PR_SET_PDEATHSIG, which fires when the *thread* that spawned it exits, so a run prepared
+    by a thread that has gone (a finished thread pool's) is dead, and one taken over by another
+    thread could be killed mid-run when its creator exits."""
+
+    def __init__(self, sandbox: Sandbox, argv: List[str], limits: Limits, harness: str) -> None:
+        self.key = (tuple(argv), dataclasses.astuple(limits))
+        self.thread = threading.current_thread()
+        self.stdin = _StdinFile(sandbox.scratch_root)
+        try:
+            self.run = sandbox.prepare(argv, Path(harness).parent, limits, stdin_path=Path(self.stdin.name),
+                                       tmpfs_workdir=True, files={"harness.py": Path(harness)}, setup_ahead=True)
+        except BaseException:
+            self.stdin.close()
+            raise
+
+    def release(self, payload: bytes) -> None:
+        self.stdin.write(payload)
+        self.run.release()
+
+    def finish(self) -> RunOutcome:
+        try:
+            return self.run.finish()
+        finally:
+            self.stdin.close()
+
+    def cancel(self) -> None:
+        try:
+            self.run.cancel()
+        finally:
+            self.stdin.close()
+
+    def usable(self, key: tuple) -> bool:
+        """Same command and limits, prepared by this thread, and its wrapper still alive."""
+        proc = self.run.proc
+        return (self.key == key and self.thread is threading.current_thread() and proc is not None
+                and proc.poll() is None and not self.run.out.sandbox_failed)
+
+
+def run_harness(sandbox: Sandbox, program: str, spec: PythonTests, settings: EvalSettings,
+                p: Optional[_Plan] = None) -> Tuple[RunOutcome, str, _Plan, Limits]:
+    """Run the harness on `program` in the sandbox: (outcome, nonce, plan, limits).
+
+    Under bubblewrap: on the run the previous evaluation set up (when it matches), and the next
+    evaluation's run is set up while this one runs. One evaluation at a time per sandbox (as
+    for the rest of Sandbox)."""
+    p = p or plan(spec)
+    nonce = secrets.token_hex(16)
+    limits = run_limits(spec, len(p.names))
+    harness = harness_path(sandbox.scratch_root)
+    argv = _interpreter_argv(settings)
+    payload = harness_input(program, spec, p, nonce)
+    if sandbox.iso.wrapper != "bwrap":  # weak isolation: a host scratch dir is the working directory
+        with _StdinFile(sandbox.scratch_root) as stdin, \
+                sandbox.scratch() as d:
+            stdin.write(payload)
+            shutil.copyfile(harness, d / "harness.py")
+            return sandbox.run(argv, d, limits, stdin_path=Path(stdin.name)), nonce, p, limits
+    for attempt in range(2):
+        with _AHEAD_LOCK:
+            run, sandbox._python_ahead = sandbox._python_ahead, None
+        if run is not None and (attempt or not run.usable((tuple(argv), dataclasses.astuple(limits)))):
+            run.cancel()
+            run = None
+        ahead = run is not None
+        if run is None:
+            run = _HarnessRun(sandbox, argv, limits, harness)
+        try:
+            run.release(payload)
+        except BaseException:
+            run.cancel()
+            raise
+        try:  # the next evaluation's run: launched and set up while this one runs
+            nxt: Optional[_HarnessRun] = _HarnessRun(sandbox, argv, limits, harness)
+            with _AHEAD_LOCK:
+                nxt, sandbox._python_ahead = sandbox._python_ahead, nxt
+            if nxt is not None:  # another thread's (a sandbox is meant for one at a time)
+                nxt.cancel()
+        except Exception as e:  # only a lost optimisation
+            log.warning("python_tests: could not prepare the next sandbox ahead: %s", e)
+        o = run.finish()
+        if not (o.sandbox_failed and ahead):  # a run set up ahead that died meanwhile: once more, fresh
+            break
+    return o, nonce, p, limits
+
+
+@dataclass
+class Report:
+    """The harness's report lines of one run (only those carrying the run's nonce)."""
+
+    started: Optional[int] = None
+    ended: Optional[int] = None
+    load: Optional[Tuple[str, str]] = None  # (status, detail) when the program did not load
+    broken: Optional[str] = None  # the task itself failed
+    tests: Dict[int, Tuple[str, float, str]] = field(default_factory=dict)
+    inconsistent: str = ""
+
+
+def parse_report(stdout: bytes, nonce: str) -> Report:
+    r = Report()
+    tag = f"@{nonce} "
+    for raw in stdout.decode("utf-8", "replace").splitlines():
+        if not raw.startswith(tag):
+            continue  # not the harness's (no nonce): ignored, never evidence
+        kind, _, rest = raw[len(tag):].partition(" ")
+        try:
+            if kind == "S" and r.started is None:
+                r.started = int(rest)
+            elif kind == "E" and r.ended is None:
+                r.ended = int(rest)
+            elif kind == "C" and r.load is None:
+                status, _, detail = rest.partition(" ")
+                r.load = (status, detail)
+            elif kind == "H" and r.broken is None:
+                r.broken = rest
+            elif kind == "T":
+                i, status, wall, detail = (rest.split(" ", 3) + [""])[:4]
+                if int(i) in r.tests:
+                    r.inconsistent = f"test {i} reported twice"
+                r.tests[int(i)] = (status, float(wall), detail)
+            else:
+                r.inconsistent = f"unexpected report line {kind!r}"
+        except ValueError:
+            r.inconsistent = f"malformed report line {kind!r}"
+    return r
+
+
+_LOAD_STATUSES = {"syntax_error", "runtime_error", "memory_limit", "timeout"}
+_TEST_STATUSES = {"ok", "wrong_answer", "runtime_error", "memory_limit", "timeout"}
+
+
+def _died(o: RunOutcome, limits: Limits, detail: str) -> Tuple[str, str]:
+    """The program's process ended on its own or was killed: memory evidence or not."""
+    if o.cgroup.oom_kills > 0 or o.cgroup.memory_limit_hit:
+        return "memory_limit", f"memory limit {limits.memory_mb} MB exceeded ({detail})"
+    return "runtime_error", detail
+
+
+def judge(task_id: str, o: RunOutcome, report: Report, p: _Plan, limits: Limits, settings: EvalSettings) -> Result:
+    """The verdict from the report, with the raw outcome only to explain a missing report."""
+    fail = settings.failure_reward
+
+    def failed(status: str, reason: str, tests: Optional[List[TestResult]] = None) -> Result:
+        return Result(task_id, status, fail, reason=reason, tests=tests or [], language="python")
+
+    if o.sandbox_failed:
+        return failed("sandbox_error", o.sandbox_error)
+    if report.broken is not None:
+        return failed("sandbox_error", f"broken task: {report.broken}")
+    if report.load is not None:
+        status, detail = report.load
+        if status == "died":
+            status, detail = _died(o, limits, detail)
+        elif status not in _LOAD_STATUSES:
+            status = "runtime_error"
+        return failed(status, detail)
+    tests: List[TestResult] = []
+    verdict: Optional[Tuple[str, str]] = None
+    for i, name in enumerate(p.names):
+        if verdict is not None:
+            tests.append(TestResult(name, "skipped"))
+            continue
+        got = report.tests.get(i)
+        if got is None:  # the harness never reported this test: why, from the outcome
+            status, detail = classify(o, limits)
+            if status == "ok" or status == "sandbox_error":
+                status = "runtime_error"
+                code = f"signal {o.signal}" if o.signal is not None else f"exit code {o.exit_code}"
+                detail = f"the harness stopped before reporting this test ({code})"
+            elif status == "timeout":
+                detail = f"the sandbox's wall clock ran out ({limits.wall_s:g}s)"
+            tests.append(TestResult(name, status, 0.0, detail))
+            verdict = (status, f"{name}: {detail}")
+            continue
+        status, wall, detail = got
+        if status == "died":
+            status, detail = _died(o, limits, detail)
+        elif status not in _TEST_STATUSES:
+            status, detail = "runtime_error", f"unknown test status {status!r}"
+        tests.append(TestResult(name, status, wall, detail))
+        if status != "ok":
+            verdict = (status, f"{name}: {detail}")
+    if verdict is not None:
+        return failed(verdict[0], verdict[1], tests)
+    n = len(p.names)
+    # Every test reported ok: also the bookends, and nothing beyond them.
+    problem = ""
+    if report.inconsistent:
+        problem = report.inconsistent
+    elif report.started != n or report.ended != n:
+        problem = f"the harness reported {report.started}/{report.ended} tests, expected {n}"
+    elif set(report.tests) != set(range(n)):
+        problem = "the harness reported tests that do not exist"
+    elif o.timed_out or o.output_limit:
+        problem = classify(o, limits)[1]
+    if problem:
+        status = "timeout" if o.timed_out else "runtime_error"
+        return failed(status, problem, tests)
+    return Result(task_id, "ok", 1.0, tests=tests, language="python")
+
+
+def evaluate_python(task_id: str, spec: PythonTests, completion: str, settings: Optional[EvalSettings] = None,
+                    sandbox: Optional[Sandbox] = None) -> Result:
+    """Extract the program from `completion`, run `spec`'s tests on it in the sandbox, judge.
+
+    Never raises for a program or a task: a malformed task or an infrastructure failure is
+    ``sandbox_error`` (a SandboxUnavailable from creating the default sandbox does raise)."""
+    from elastic.reward.verifiers.programs import default_sandbox
+
+    settings = settings or EvalSettings()
+    sandbox = sandbox or default_sandbox(settings.env_allow, settings.allow_weak_isolation)
+    t0 = time.perf_counter()
+    try:
+        p = plan(spec, task_id)
+        program = extract_program(completion, spec)
+        if program is None:
+            r = Result(task_id, "syntax_error", settings.failure_reward, reason="no Python code found",
+                       language="python")
+        else:
+            o, nonce, p, limits = run_harness(sandbox, program, spec, settings, p)
+            r = judge(task_id, o, parse_report(o.stdout, nonce), p, limits, settings)
+    except ValueError as e:  # check_tests: the task, not the program
+        r = Result(task_id, "sandbox_error", settings.failure_reward, reason=f"broken task: {e}", language="python")
+    except Exception as e:  # infrastructure bug: never a verdict on the program
+        log.exception("python_tests evaluation of %s crashed", task_id)
+        r = Result(task_id, "sandbox_error", settings.failure_reward, reason=f"{type(e).__name__}: {e}",
+                   language="python")
+    r.duration_s = time.perf_counter() - t0
+    r.sandbox = sandbox.layers
+    return r
+
+
+def unsandboxed_argv(settings: EvalSettings) -> List[str]:
+    """The same interpreter and flags as in the sandbox, resolved on the sandbox's PATH (bench)."""
+    exe = shutil.which(settings.python_executable, path=SANDBOX_PATH) or settings.python_executable
+    return [exe, *INTERPRETER_FLAGS, str(HARNESS)]
+
+
+__all__ = ["PythonTests", "check_tests", "evaluate_python", "extract_program", "parse_report", "judge", "plan",
+           "harness_input", "unsandboxed_argv"]
