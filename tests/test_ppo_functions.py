@@ -24,6 +24,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from elastic.config import ConfigError, load_config
 from elastic.rl.algorithms.aggregation import StepCounts
 from elastic.rl.algorithms.gae import (gae_advantages_returns, last_token_index, masked_mean, masked_var, masked_whiten,
                             token_level_rewards)
@@ -318,6 +319,108 @@ def test_kl_controller_state_round_trip_continues_identically():
         build_kl_controller("adaptive", kl_coef=0.1, target_kl=1.0, horizon=0)
     with pytest.raises(ValueError):
         build_kl_controller("pid", kl_coef=0.1)
+
+
+# --------------------------------------------------------------------------------------------
+# The adaptive factor 1 + clip(err, -0.2, 0.2) * n / horizon is <= 0 at a KL far below target
+# once n >= 5 * horizon: refused at config time, and the controller never takes such a step, so
+# every state it reaches is >= 0, finite and restorable.
+
+def _ppo_adaptive(n_prompts, horizon, group_size=1, init=0.05, target=1.0):
+    return ["rl.algorithm=ppo", "rl.kl_ctl=adaptive", f"rl.kl_coef={init}", f"rl.kl_target={target}",
+            f"rl.kl_horizon={horizon}", f"rl.prompts_per_step={n_prompts}", f"rl.group_size={group_size}",
+            "rl.micro_batch_size=1", "scaling.min_workers=1", "scaling.max_workers=1"]
+
+
+def test_adaptive_kl_issue_numbers_refused_at_config_time(tmp_path):
+    # the report: init 0.05, target 1, horizon 10, 64 samples per step, KL 0:
+    # error = 0/1 - 1 = -1 -> clip -0.2;  mult = 1 - 0.2 * 64 / 10 = 1 - 1.28 = -0.28 < 0
+    ctl = AdaptiveKLController(init_kl_coef=0.05, target_kl=1.0, horizon=10)
+    with pytest.raises(ValueError, match=r"n_steps=64 .*5 x horizon=10"):
+        ctl.update(0.0, n_steps=64)  # before the fix: value = 0.05 * -0.28 = -0.014
+    assert ctl.value == 0.05  # the refused update changed nothing ...
+    back = kl_controller_from_state_dict(json.loads(json.dumps(ctl.state_dict())))
+    assert back.value == 0.05  # ... and the state still restores
+    # the same numbers as a config file: refused before any work, in one line naming the key
+    cfg = tmp_path / "ppo.yaml"
+    cfg.write_text("rl:\n  algorithm: ppo\n  kl_ctl: adaptive\n  kl_coef: 0.05\n  kl_target: 1.0\n  kl_horizon: 10\n"
+                   "  prompts_per_step: 16\n  group_size: 4\n  micro_batch_size: 1\n"
+                   "scaling:\n  min_workers: 1\n  max_workers: 1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(cfg), [], job="grpo")
+    msg = str(e.value)
+    assert msg.startswith("rl.kl_horizon: ") and "\n" not in msg
+    # 16 prompts x 4 samples = 64 >= 5 x 10 = 50; smallest horizon with 5 * h > 64 is 13 (5 * 13 = 65)
+    assert "16 prompts x 4 samples = 64" in msg and "5 x rl.kl_horizon=10 = 50" in msg and "at least 13" in msg
+    assert load_config(str(cfg), ["rl.kl_horizon=13"], job="grpo").rl.kl_horizon == 13
+    # a fixed controller never multiplies, so the same sizes are fine with it
+    assert load_config(str(cfg), ["rl.kl_ctl=fixed"], job="grpo").rl.kl_ctl == "fixed"
+
+
+def test_adaptive_kl_boundary_n_equals_five_horizons():
+    # n = 5 * horizon = 50: mult = 1 - 0.2 * 50 / 10 = 0 -> the coefficient would be 0 for good
+    with pytest.raises(ConfigError, match=r"^rl\.kl_horizon: .*= 50 .*at least 11"):
+        load_config(None, _ppo_adaptive(50, 10), job="grpo")
+    ctl = AdaptiveKLController(0.05, 1.0, 10)
+    with pytest.raises(ValueError, match="horizon"):
+        ctl.update(0.0, 50)  # before the fix: value = 0.05 * 0 = 0.0, never moves again
+    assert ctl.value == 0.05
+    # one sample fewer, n = 49 < 50, is accepted: mult = 1 - 0.2 * 49 / 10 = 1 - 0.98 = 0.02
+    assert load_config(None, _ppo_adaptive(49, 10), job="grpo").rl.kl_horizon == 10
+    ctl.update(0.0, 49)
+    assert ctl.value == pytest.approx(0.05 * 0.02, rel=1e-12)  # 0.001
+    # one horizon more, h = 11 > 50 / 5, is accepted: mult = 1 - 0.2 * 50 / 11 = 1 - 10/11 = 1/11
+    assert load_config(None, _ppo_adaptive(50, 11), job="grpo").rl.kl_horizon == 11
+    ctl = AdaptiveKLController(0.05, 1.0, 11)
+    ctl.update(0.0, 50)
+    assert ctl.value == pytest.approx(0.05 / 11, rel=1e-12)  # 0.004545...
+    # above target the same step size is +0.2: mult = 1 + 10/11 = 21/11
+    ctl.update(5.0, 50)
+    assert ctl.value == pytest.approx(0.05 / 11 * 21 / 11, rel=1e-12)
+
+
+def test_adaptive_kl_every_reachable_state_restores():
+    """Property: for (init, target, horizon, n) that the config accepts and any KL sequence, each
+    state after each update is >= 0 and finite, survives JSON + from_state_dict exactly, and the
+    restored controller continues bit-identically."""
+    rng = np.random.default_rng(0)
+    checked = 0
+    for case in range(300):
+        horizon = int(rng.choice([1, 2, 3, 10, 100, 1000, 10000]))
+        n = int(rng.integers(1, 5 * horizon))  # [1, 5 * horizon - 1]: what validation accepts
+        if n >= 5 * horizon - 1 or case % 7 == 0:
+            n = 5 * horizon - 1  # the tightest accepted size: mult down to 1 - (5h - 1) / (5h) = 1 / (5h)
+        init = float(rng.choice([0.0, 1e-6, 0.05, 1.0, 10.0]))
+        target = float(rng.choice([0.01, 0.5, 1.0, 6.0]))
+        if case < 12:  # through the real loader (a dozen cases: it is the slow part)
+            load_config(None, _ppo_adaptive(n, horizon, init=init, target=target), job="grpo")
+        a = AdaptiveKLController(init, target, horizon)
+        for _ in range(int(rng.integers(1, 40))):
+            kl = float(rng.choice([0.0, target * rng.uniform(0, 2), target * 100, target]))
+            a.update(kl, n)
+            assert a.value >= 0 and math.isfinite(a.value)
+            b = kl_controller_from_state_dict(json.loads(json.dumps(a.state_dict())))
+            assert b.state_dict() == a.state_dict()
+            nxt = float(rng.uniform(0, 3 * target))
+            b.update(nxt, n)
+            c = AdaptiveKLController.from_state_dict(a.state_dict())
+            c.update(nxt, n)
+            assert b.value == c.value  # bit-identical
+            checked += 1
+    assert checked > 1000
+    # the extremes a long run can reach: underflow to exactly 0 (restorable, stays 0) ...
+    a = AdaptiveKLController(0.05, 1.0, 10)
+    for _ in range(400):  # mult = 1 - 0.2 * 49 / 10 = 0.02 each step; 0.05 * 0.02^200 < 5e-324
+        a.update(0.0, 49)
+    assert a.value == 0.0
+    assert kl_controller_from_state_dict(json.loads(json.dumps(a.state_dict()))).value == 0.0
+    # ... and overflow: refused, leaving the last finite (restorable) state
+    a = AdaptiveKLController(1.0, 1.0, 1)
+    with pytest.raises(ValueError, match="overflow"):
+        for _ in range(10000):  # mult = 1 + 0.2 * 4 / 1 = 1.8 each step: 1.8^1208 > 1.8e308
+            a.update(100.0, 4)
+    assert math.isfinite(a.value) and a.value > 1e307
+    assert kl_controller_from_state_dict(json.loads(json.dumps(a.state_dict()))).value == a.value
 
 
 # --------------------------------------------------------------------------------------------

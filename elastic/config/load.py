@@ -221,6 +221,14 @@ def _validate_rl(cfg: Config) -> None:
         _check(rl.critic_warmup_steps >= 0, "rl.critic_warmup_steps", f"must be >= 0, got {rl.critic_warmup_steps}")
         _check(rl.kl_ctl in ("fixed", "adaptive"), "rl.kl_ctl", f"must be fixed|adaptive, got {rl.kl_ctl!r}")
         _check(rl.kl_target > 0 and rl.kl_horizon > 0, "rl.kl_target", "kl_target and kl_horizon must be > 0")
+        # The adaptive factor 1 + clip(kl/target - 1, -0.2, 0.2) * n / horizon, n = the step's
+        # samples, is <= 0 at a KL far below target once n >= 5 * horizon (a 0 or negative
+        # coefficient, which the controller refuses to reach: docs/rlhf.md).
+        n = rl.prompts_per_step * rl.group_size
+        _check(rl.kl_ctl != "adaptive" or n < 5 * rl.kl_horizon, "rl.kl_horizon",
+               f"{rl.prompts_per_step} prompts x {rl.group_size} samples = {n} samples per step >= 5 x rl.kl_horizon="
+               f"{rl.kl_horizon} = {5 * rl.kl_horizon}: the adaptive KL factor 1 - 0.2 x {n} / {rl.kl_horizon} at a KL far "
+               f"below rl.kl_target would make the coefficient <= 0; rl.kl_horizon must be at least {n // 5 + 1}")
         _check(cfg.model.lora.rank == 0, "model.lora.rank", "PPO with LoRA is not supported yet (the critic is a full model)")
     _check(rl.prompts_per_step >= 1, "rl.prompts_per_step", f"must be >= 1, got {rl.prompts_per_step}")
     _check(rl.max_new_tokens >= 1, "rl.max_new_tokens", f"must be >= 1, got {rl.max_new_tokens}")

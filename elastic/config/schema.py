@@ -425,7 +425,9 @@ class RLSection:
     # The first N steps train the critic only (the policy's loss is multiplied by 0).
     critic_warmup_steps: int = 0
     # KL penalty in PPO's reward: fixed (kl_coef) or adaptive (from kl_coef toward kl_target over
-    # kl_horizon samples, Ziegler et al. 2019); its state is checkpointed.
+    # kl_horizon samples, Ziegler et al. 2019); its state is checkpointed. Adaptive needs
+    # kl_horizon > prompts_per_step x group_size / 5, else one step's factor
+    # 1 - 0.2 x samples / kl_horizon can be <= 0 (checked at config time).
     kl_ctl: str = "fixed"
     kl_target: float = 6.0
     kl_horizon: int = 10000

@@ -15,7 +15,19 @@ per rollout batch with the batch's mean KL and its size (verl: ``n_steps = batch
 arithmetic is plain Python floats (IEEE double, the same operations in the same order as the
 references' numpy float64), so the sequence of coefficients is bit-identical to theirs.
 
-What neither reference has: the adaptive coefficient is state that a restart would lose (a
+What neither reference does: refuse a step that would not keep the coefficient a coefficient.
+At a KL far below target the factor is ``1 - 0.2 * n_steps / horizon``, which is 0 at
+``n_steps = 5 * horizon`` and negative beyond (verl and TRL would go on with a 0 coefficient that
+can never grow again, or a negative one that rewards divergence from the reference).
+``update`` raises ValueError, before changing anything, when ``n_steps >= 5 * horizon`` (computed
+as the factor's own float arithmetic, whatever the KL: the step size is the configuration's, not
+the batch's), and when the product would overflow to inf. So every value ``update`` reaches is
+finite and >= 0 (0 itself only by underflow, after hundreds of maximal decreases), and
+``from_state_dict`` accepts all of them. The config refuses ``rl.kl_horizon`` <= samples per step
+/ 5 up front (elastic/config/load.py); no clamp, no floor: within that range the sequence is
+verl's bit for bit.
+
+Also not in the references: the adaptive coefficient is state that a restart would lose (a
 resumed run would start again from ``init_kl_coef``). ``state_dict()`` gives plain JSON-able
 numbers for the checkpoint, and ``from_state_dict`` / :func:`kl_controller_from_state_dict` rebuild
 a controller whose next ``update`` gives exactly what the uninterrupted one would have (Python's
@@ -88,14 +100,27 @@ class AdaptiveKLController:
 
         ``current_kl``: the batch's mean KL (a float or a 0-d tensor, read on the host).
         ``n_steps``: how many samples the batch had. A non-finite KL raises ValueError rather
-        than turning the coefficient into NaN for the rest of the run.
+        than turning the coefficient into NaN for the rest of the run; so do ``n_steps >= 5 *
+        horizon`` (the factor could be <= 0) and a product that overflows. A refused update
+        leaves the controller as it was, so the value is always finite, >= 0 and restorable.
         """
         kl = _finite("current_kl", _as_float(current_kl))
         if n_steps < 0:
             raise ValueError(f"kl controller: n_steps must be >= 0, got {n_steps}")
+        # The smallest factor any KL can give, in the same float operations as ``mult`` below
+        # (each is monotone, so mult >= smallest for every clipped error): > 0 <=> n_steps < 5 * horizon.
+        smallest = 1 + -PROPORTIONAL_ERROR_CLIP * n_steps / self.horizon
+        if not smallest > 0:
+            raise ValueError(f"kl controller: n_steps={n_steps} per update is >= 5 x horizon={self.horizon:g}: "
+                             f"at a KL far below target the factor 1 - 0.2 * n_steps / horizon = {smallest:g} "
+                             f"would make the coefficient <= 0; use horizon > n_steps / 5")
         proportional_error = min(max(kl / self.target - 1, -PROPORTIONAL_ERROR_CLIP), PROPORTIONAL_ERROR_CLIP)
         mult = 1 + proportional_error * n_steps / self.horizon
-        self.value *= mult
+        value = self.value * mult
+        if not math.isfinite(value):
+            raise ValueError(f"kl controller: the coefficient {self.value!r} x {mult!r} would overflow "
+                             f"(the KL has stayed above target_kl={self.target:g} for too long)")
+        self.value = value
 
     def state_dict(self) -> Dict[str, Any]:
         """``{"kind": "adaptive", "value", "target_kl", "horizon"}`` (floats): JSON-able; ``value`` is
