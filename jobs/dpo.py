@@ -37,7 +37,7 @@ def summary(res) -> List[str]:
     recs = [r for r in read_records(os.path.join(res.records_dir or res.local_dir, METRICS)) if "step" in r]
     evals = [r for r in recs if "heldout_accuracy" in r]
     s = res.summary
-    line = f"[elastic] done in {res.wall_s:.0f}s: loss {s.get('first_loss', float('nan')):.3f} -> {s.get('last_loss', float('nan')):.3f}"
+    line = f"{res.done()}: loss {s.get('first_loss', float('nan')):.3f} -> {s.get('last_loss', float('nan')):.3f}"
     if recs and "reward_margin" in recs[-1]:
         line += f", margin {recs[0].get('reward_margin', 0):.3f} -> {recs[-1]['reward_margin']:.3f}"
     if evals:

@@ -33,7 +33,7 @@ def summary(res) -> List[str]:
     lines = []
     r = res.summary.get("reward") or {}
     if r:
-        lines.append(f"[elastic] done in {res.wall_s:.0f}s: mean reward {r['first']:.3f} -> {r['last']:.3f}, pass rate "
+        lines.append(f"{res.done()}: mean reward {r['first']:.3f} -> {r['last']:.3f}, pass rate "
                      f"{r['first_pass']:.0%} -> {r['last_pass']:.0%} (means of the first and last {r['window']} steps)")
     for name, h in sorted((res.summary.get("heldout") or {}).items()):
         k = name[len("pass_at_"):]

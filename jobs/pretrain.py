@@ -71,7 +71,7 @@ def main(argv=None, kind: str = "pretrain", default_config: str = "", doc: str =
         print(f"[elastic] last good checkpoint: {res.checkpoint}", file=sys.stderr)
         return 5
     goodput = f", goodput {s['goodput']:.0%}" if s.get("goodput") is not None else ""
-    print(f"[elastic] done in {res.wall_s:.0f}s: loss {s.get('first_loss', float('nan')):.3f} -> "
+    print(f"{res.done()}: loss {s.get('first_loss', float('nan')):.3f} -> "
           f"{s.get('last_loss', float('nan')):.3f}, {s.get('tokens_per_s', 0):.0f} tokens/s over {s.get('steady_steps', 0)} "
           f"steady steps{goodput}")
     ev = s.get("evaluation")

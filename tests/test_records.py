@@ -5,6 +5,8 @@ written after it is not lost."""
 import json
 import os
 
+import pytest
+
 from elastic.launch.driver import RunPaths, summarize
 from elastic.report.recovery import analyze
 from elastic.records import EVENTS, METRICS, append_record, read_new_records, read_records
@@ -28,7 +30,7 @@ def test_summary_reads_a_metrics_file_whose_last_line_is_cut(tmp_path):
         append_record(str(tmp_path / METRICS), _step(i, 100.0 + i))
     _cut(tmp_path / METRICS, _step(4, 104.0))
     _cut(tmp_path / EVENTS, {"event": "worker", "time": 104.5, "rank": 1})
-    s = summarize(RunPaths(str(tmp_path), str(tmp_path), str(tmp_path)), wall_s=5.0, checkpoint=None)
+    s = summarize(RunPaths(str(tmp_path), str(tmp_path), str(tmp_path)), job_s=5.0, checkpoint=None)
     assert s["steps_logged"] == 3 and s["last_step"] == 3
     assert s["first_loss"] == _step(1, 0)["loss"] and s["last_loss"] == _step(3, 0)["loss"]
     assert json.loads((tmp_path / "summary.json").read_text())["steps_logged"] == 3
@@ -58,3 +60,40 @@ def test_following_a_live_file_waits_for_complete_lines(tmp_path):
     recs, off2 = read_new_records(path, off)
     assert [r["step"] for r in recs] == [2] and off2 == os.path.getsize(path)
     assert read_new_records(path, off2) == ([], off2)
+
+
+def test_one_definition_per_figure_in_summary_report_and_console(tmp_path):
+    """tokens/s, MFU, job time and training time: the closing console line, summary.json and
+    report.md show the same figure under the same name (issue: the console said 5455 tokens/s and
+    'done in 157s', the report 5,948 tokens/s 'mean' and 'wall time 80 s')."""
+    from elastic.launch.driver import JobResult
+    from elastic.report import build_report
+
+    append_record(str(tmp_path / EVENTS), {"event": "start", "time": 100.0, "world_size": 2, "step": 0})
+    t = 100.0
+    # Unequal steps: over the steady steps 2..4 the mean of per-step rates (1000, 1000, 250 tok/s) is
+    # 750, while Σ tokens / Σ step time is 300 / 0.6 = 500.
+    for i, (tokens, step_s, mfu) in enumerate([(100, 0.1, 0.2), (100, 0.1, 0.2), (100, 0.1, 0.2), (100, 0.4, 0.05)], 1):
+        t += step_s
+        append_record(str(tmp_path / METRICS), dict(_step(i, t), tokens=tokens, step_s=step_s, mfu=mfu,
+                                                  tokens_per_s=tokens / step_s))
+    paths = RunPaths(str(tmp_path), str(tmp_path), str(tmp_path))
+    path, run, _ = build_report(str(tmp_path), job_s=30.0)
+    s = summarize(paths, job_s=30.0, checkpoint=None)
+    # MFU weighted by step time: (0.2×0.1 + 0.2×0.1 + 0.05×0.4) / 0.6 = 0.1 (the plain mean would be 0.15)
+    assert s["tokens_per_s"] == pytest.approx(500.0) and s["mfu"] == pytest.approx(0.1) and s["steady_steps"] == 3
+    assert s["job_s"] == 30.0 and s["training_s"] == round(t - 100.0, 1) == 0.7 and "wall_s" not in s
+    md = open(path).read()
+    assert "500 tokens/s over 3 steady steps (Σ tokens / Σ step time)" in md
+    assert "% (step-time-weighted over the steady steps)" in md and "| MFU | 10" in md
+    assert "| job time | 30 s " in md and "| training time | 1 s " in md
+    line = JobResult(str(tmp_path), str(tmp_path), 30.0, None, s).done()
+    assert line == "[elastic] done in 30s job time (1s training)"
+    # A report rendered later from the directory alone takes the job time from the summary.
+    assert load_run_job_s(tmp_path) == 30.0
+
+
+def load_run_job_s(d) -> float:
+    from elastic.report import load_run
+
+    return load_run(str(d)).job_s

@@ -169,7 +169,7 @@ def test_restarts_below_95_percent_goodput_with_young_interval():
     sim = Sim(steps=200, every=10, profile=Profile(checkpoint=0.5), restarts=[(55, "failure", 1), (130, "failure", 2)])
     metrics, events, _ = simulate(sim)
     wall = metrics[-1]["time"] - sim.t0
-    recovery = {"goodput": 0.80, "wall_s": wall, "useful_s": 0.8 * wall,
+    recovery = {"goodput": 0.80, "training_s": wall, "useful_s": 0.8 * wall,
                 "restarts": [{"cause": "failure", "steps_redone": 5, "recovery_s": 15.0},
                              {"cause": "failure", "steps_redone": 0, "recovery_s": 15.0}]}
     d = diagnose(metrics, events, recovery, CFG)
@@ -186,14 +186,14 @@ def test_restarts_below_95_percent_goodput_with_young_interval():
 
 def test_goodput_loss_without_restart_is_overhead():
     metrics, events, _ = simulate(Sim(steps=100))
-    d = diagnose(metrics, events, {"goodput": 0.85, "wall_s": 200.0, "restarts": []}, CFG)
+    d = diagnose(metrics, events, {"goodput": 0.85, "training_s": 200.0, "restarts": []}, CFG)
     assert d.name == "overhead"
     assert "no restart" in d.evidence
 
 
 def test_goodput_at_96_percent_is_fine():
     metrics, events, _ = simulate(Sim(steps=100))
-    d = diagnose(metrics, events, {"goodput": 0.96, "wall_s": 200.0, "restarts": [{"cause": "resize"}]}, CFG)
+    d = diagnose(metrics, events, {"goodput": 0.96, "training_s": 200.0, "restarts": [{"cause": "resize"}]}, CFG)
     assert d.name == "compute"
 
 

@@ -154,12 +154,17 @@ def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_c
 class JobResult:
     run_dir: str
     local_dir: str
-    wall_s: float
+    job_s: float  # job time: from taking the run's lease to the end of training (summary.json job_s)
     checkpoint: Optional[str]
     summary: dict
     ray_logs: str = ""
     stopped: Optional[str] = None  # the stability guard's one-line reason, when the run stopped itself
     records_dir: str = ""  # metrics/events/ledger (the run dir, local or URI)
+
+    def done(self) -> str:
+        """The head of every job's closing console line: its job time and training time, named."""
+        t = self.summary.get("training_s")
+        return f"[elastic] done in {self.job_s:.0f}s job time" + (f" ({t:.0f}s training)" if t else "")
 
 
 def ray_logs_dir() -> str:
@@ -172,25 +177,26 @@ def ray_logs_dir() -> str:
         return "the Ray session's logs/ directory on the head node"
 
 
-def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str], report: Optional[dict] = None) -> dict:
+def summarize(paths: RunPaths, job_s: float, checkpoint: Optional[str], report: Optional[dict] = None) -> dict:
+    """summary.json. Its figures have one definition each, the report's and the console's:
+    `job_s` (job time: the driver's lease to the end of training), `training_s` (training time:
+    first worker start to last step, goodput's denominator, elastic/report/recovery.py),
+    `tokens_per_s` and `mfu` over the steady steps (elastic/report/bottleneck.py throughput)."""
     from elastic.records import METRICS, read_records
 
     mpath = os.path.join(paths.records_dir, METRICS)
     recs = [r for r in read_records(mpath) if "step" in r]
-    s = {"wall_s": round(wall_s, 1), "checkpoint": checkpoint, "metrics": mpath, "steps_logged": len(recs)}
+    s = {"job_s": round(job_s, 1), "checkpoint": checkpoint, "metrics": mpath, "steps_logged": len(recs)}
     if recs:
         from elastic.records import EVENTS
-        from elastic.report.bottleneck import steady_records
+        from elastic.report.bottleneck import steady_records, throughput
 
-        # Throughput over the steady steps (each attempt's first step, with compile and start-up,
-        # left out, as in the report): Σ tokens / Σ step_s, and MFU weighted by step time.
+        # Each attempt's first step (compile, start-up) is left out, as in the report.
         steady = steady_records(recs, read_records(os.path.join(paths.records_dir, EVENTS)))
-        steady_s = max(1e-9, sum(r["step_s"] for r in steady))
+        tp = throughput(steady)
         s.update(first_loss=recs[0]["loss"], last_loss=recs[-1]["loss"], last_step=recs[-1]["step"],
-                 tokens=sum(r["tokens"] for r in recs),
-                 tokens_per_s=sum(r["tokens"] for r in steady) / steady_s,
-                 mean_mfu=sum(r["mfu"] * r["step_s"] for r in steady) / steady_s, steady_steps=len(steady),
-                 bad_rows=recs[-1].get("bad_rows", 0))
+                 tokens=sum(r["tokens"] for r in recs), tokens_per_s=tp["tokens_per_s"], mfu=tp["mfu"],
+                 steady_steps=tp["steps"], bad_rows=recs[-1].get("bad_rows", 0))
         rl = [r for r in recs if "reward_mean" in r]
         if rl:  # GRPO: reward and pass rate, first vs last steps
             w = max(1, min(10, len(rl) // 3))  # the report's first-10/last-10 windows
@@ -207,7 +213,7 @@ def summarize(paths: RunPaths, wall_s: float, checkpoint: Optional[str], report:
     if found and found[1].get("bad_rows", {}).get("counts"):  # counts and first examples, with file and line
         s["bad_rows_detail"] = found[1]["bad_rows"]
     acc = analyze(paths.records_dir)
-    s.update(restarts=acc["restarts"], goodput=acc["goodput"])
+    s.update(restarts=acc["restarts"], goodput=acc["goodput"], training_s=round(acc["training_s"], 1))
     if report:
         s.update(report)
     with open(os.path.join(paths.local_dir, "summary.json"), "w") as f:
@@ -325,27 +331,27 @@ def run_job(cfg: Config, launch: JobLaunch, out: Optional[TextIO] = None, progre
             try:
                 result = trainer.fit()
             finally:
+                job_s = time.time() - t0  # job time, the one figure the report, summary and console show
                 if progress:
                     follow.stop()
-                report = write_run_report(paths, say)  # also for a run that failed: it says where
+                report = write_run_report(paths, say, job_s)  # also for a run that failed: it says where
         finally:
             launch.stop()
         ckpt = result.checkpoint.path if result.checkpoint is not None else None
         if result.error is not None:
             raise result.error
-        wall = time.time() - t0
         from elastic.records import EVENTS, read_records
 
         stops = [e for e in read_records(os.path.join(paths.records_dir, EVENTS)) if e.get("event") == "stop" and e["time"] >= t0]
-        summary = summarize(paths, wall, ckpt, report)
-        return JobResult(paths.run_dir, paths.local_dir, wall, ckpt, summary, ray_logs_dir(),
+        summary = summarize(paths, job_s, ckpt, report)
+        return JobResult(paths.run_dir, paths.local_dir, job_s, ckpt, summary, ray_logs_dir(),
                               stopped=stops[-1]["reason"] if stops else None, records_dir=paths.records_dir)
 
 
-def write_run_report(paths: RunPaths, say) -> Optional[dict]:
+def write_run_report(paths: RunPaths, say, job_s: Optional[float] = None) -> Optional[dict]:
     """report.md, plots and the named bottleneck (elastic/report); never fails the run."""
     try:
-        path, _, diag = build_report(paths.local_dir, records_dir=paths.records_dir)
+        path, _, diag = build_report(paths.local_dir, records_dir=paths.records_dir, job_s=job_s)
     except Exception as e:  # a report must never take a finished run down
         say(f"[elastic] report: not written ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})")
         return None

@@ -348,7 +348,7 @@ def run_cell(plan: LadderPlan, cell: Cell, ledger: Ledger, index: int) -> dict:
     if val is None:
         raise RuntimeError(f"no val_loss at step {cell.steps} in {res.records_dir}/metrics.jsonl")
     rec = {**cell.record_base(), "val_loss": val, "train_loss_last10": train_loss, "wall_s": round(time.time() - t0, 1),
-           "run_wall_s": round(res.wall_s, 1), "tokens_per_s": res.summary.get("tokens_per_s"),
+           "run_job_s": round(res.job_s, 1), "tokens_per_s": res.summary.get("tokens_per_s"),
            "run_dir": res.run_dir, "finished": time.time()}
     _write_json(os.path.join(plan.dir, "cells", f"{cell.name}.json"), rec)
     ledger.event({"event": "cell_done", "cell": cell.name, "val_loss": val, "wall_s": rec["wall_s"]},

@@ -37,13 +37,16 @@ def write_report(run_dir: str, out_dir: Optional[str] = None, now: Optional[floa
 
 
 def build_report(run_dir: str, out_dir: Optional[str] = None, now: Optional[float] = None,
-                 records_dir: Optional[str] = None) -> Tuple[str, RunData, Diagnosis]:
+                 records_dir: Optional[str] = None, job_s: Optional[float] = None) -> Tuple[str, RunData, Diagnosis]:
     """write_report, also returning the loaded run and its diagnosis (for the console).
-    `records_dir`: metrics/events when they are not in `run_dir` (a remote run directory)."""
+    `records_dir`: metrics/events when they are not in `run_dir` (a remote run directory).
+    `job_s`: this invocation's job time, from the driver (its summary.json comes later)."""
     from elastic.report.plots import write_plots
     from elastic.report.render import render_markdown
 
     run = load_run(run_dir, now=now, records_dir=records_dir)
+    if job_s is not None:
+        run.job_s = job_s
     out_dir = out_dir or run_dir
     os.makedirs(out_dir, exist_ok=True)
     diag = diagnose_run(run)

@@ -40,7 +40,7 @@ start-up, compilation, a resumed stream) is left out; those costs show up in goo
 
 The dominant limiter is the finding with the largest share among the classes that cost time
 (all but memory and compute); the shares are all fractions of the run's time (of step time, or
-of wall time for restarts/overhead), so they compare directly. Memory headroom is named only
+of training time for restarts/overhead), so they compare directly. Memory headroom is named only
 when nothing costs time above its threshold (it limits what you can change next, e.g. a larger
 micro-batch, rather than costing time now); it also turns the communication lever towards
 activation checkpointing. Compute is named when no other class is a finding.
@@ -196,10 +196,27 @@ def checkpoint_figures(recs: Sequence[Dict[str, Any]], events: Iterable[Dict[str
     }
 
 
+def throughput(recs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
+    """The run's throughput over `recs` (its steady steps), one definition for the console's
+    closing line, summary.json and the report:
+
+        tokens_per_s = Σ real tokens / Σ step_s     (not the mean of per-step rates)
+        mfu          = Σ (mfu × step_s) / Σ step_s  (model FLOPs done / (peak × time))
+
+    None where no record carries the fields."""
+    have = [r for r in recs if _num(r.get("step_s")) and r["step_s"] > 0]
+    total = sum(r["step_s"] for r in have)
+    tok = [r for r in have if _num(r.get("tokens"))]
+    flop = [r for r in have if _num(r.get("mfu"))]
+    return {"tokens_per_s": sum(r["tokens"] for r in tok) / sum(r["step_s"] for r in tok) if tok else None,
+            "mfu": sum(r["mfu"] * r["step_s"] for r in flop) / sum(r["step_s"] for r in flop) if flop else None,
+            "steps": len(recs), "step_s_total": total}
+
+
 def time_figures(recs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
-    """Shares of step time per component, and throughput means, over `recs`."""
-    f: Dict[str, Any] = {"step_s_mean": _mean(recs, "step_s"), "tokens_per_s_mean": _mean(recs, "tokens_per_s"),
-                         "mfu_mean": _mean(recs, "mfu")}
+    """Shares of step time per component, and throughput (`throughput`), over `recs`."""
+    tp = throughput(recs)
+    f: Dict[str, Any] = {"step_s_mean": _mean(recs, "step_s"), "tokens_per_s": tp["tokens_per_s"], "mfu": tp["mfu"]}
     for k, _ in BREAKDOWN_KEYS:
         f[f"{k}_share"] = _share(recs, f"{k}_s")
     f["comm_sampled_steps"] = sum(1 for r in recs if _num(r.get("comm_s")))
@@ -302,9 +319,9 @@ def _restarts(recovery: Optional[Dict[str, Any]], step_s: Optional[float], ckpt_
     if lost < THRESHOLDS["restarts"]:
         return None
     restarts = recovery.get("restarts") or []
-    wall = recovery.get("wall_s") or 0.0
+    wall = recovery.get("training_s") or 0.0
     if not restarts:
-        ev = (f"goodput {_pct(gp)} with no restart: {lost * wall:.1f} s of {wall:.0f} s wall time ({_pct(lost)}) passed "
+        ev = (f"goodput {_pct(gp)} with no restart: {lost * wall:.1f} s of {wall:.0f} s training time ({_pct(lost)}) passed "
               "outside training steps (start-up of the stream, evaluation, checkpoint writes, logging).")
         lever = (f"checkpoint.every_steps{_now(config, 'checkpoint.every_steps')} if checkpoint writes fall between steps; "
                  "look for work between steps in the timeline")
@@ -314,7 +331,7 @@ def _restarts(recovery: Optional[Dict[str, Any]], step_s: Optional[float], ckpt_
         causes[r.get("cause", "unknown")] = causes.get(r.get("cause", "unknown"), 0) + 1
     redone = sum(int(r.get("steps_redone") or 0) for r in restarts)
     recov = sum(float(r["recovery_s"]) for r in restarts if _num(r.get("recovery_s")))
-    ev = (f"goodput {_pct(gp)} over {wall:.0f} s wall: {len(restarts)} restarts "
+    ev = (f"goodput {_pct(gp)} over {wall:.0f} s training time: {len(restarts)} restarts "
           f"({', '.join(f'{n} {c}' for c, n in sorted(causes.items()))}), {redone} steps redone, "
           f"{recov:.0f} s from decision to the first step after restart.")
     levers = []
@@ -484,7 +501,7 @@ def _grpo_largest_part(tf: Dict[str, Any], config: Optional[Dict[str, Any]]) -> 
 
 
 def _compute(tf: Dict[str, Any], device: str, config: Optional[Dict[str, Any]]) -> Finding:
-    cs, mfu = tf["compute_share"], tf["mfu_mean"]
+    cs, mfu = tf["compute_share"], tf["mfu"]
     waits = (f"data wait {_pct(tf['data_wait_share'])}, exposed comm {_pct(tf['comm_share'])}")
     if device.startswith("cuda") and _num(mfu):
         if mfu < GPU_LOW_MFU:

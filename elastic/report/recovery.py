@@ -12,8 +12,10 @@ For every start after the first:
   recovery_s   from that decision (for a relaunch: from the previous attempt's last step)
                to the first step completed by the new worker group
   steps_redone last step completed before the restart minus the step resumed from
-Goodput = seconds spent in steps that count (the last completion of each step) divided by
-wall time from the first start to the last completed step.
+Goodput = seconds spent in steps that count (the last completion of each step) divided by the
+run's *training time* (`training_s`): from the first worker-group start to the last completed
+step. (The *job time* of one invocation, `job_s` in summary.json, runs from the driver taking
+the run's lease to the end of training and also holds Ray start-up and data planning.)
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def analyze(local_dir: str) -> Dict:
         "restarts": restarts,
         "goodput": useful / wall if wall > 0 else None,
         "useful_s": useful,
-        "wall_s": wall,
+        "training_s": wall,
         "steps_completed": len(final),
         "step_completions": len(steps),
     }
@@ -83,5 +85,5 @@ def format_table(acc: Dict) -> str:
         rec = f"{r['recovery_s']:.1f}" if r["recovery_s"] is not None else "-"
         lines.append(f"{i:>2} {r['cause']:8} {r['world_size_before']:>3}->{r['world_size_after']:<3} {r['resumed_from_step']:>8} {r['steps_redone']:>6} {rec:>10}")
     gp = acc["goodput"]
-    lines.append(f"goodput {gp:.1%} ({acc['useful_s']:.1f}s useful of {acc['wall_s']:.1f}s wall)" if gp is not None else "goodput n/a")
+    lines.append(f"goodput {gp:.1%} ({acc['useful_s']:.1f}s useful of {acc['training_s']:.1f}s training time)" if gp is not None else "goodput n/a")
     return "\n".join(lines)

@@ -59,7 +59,7 @@ def summary_rows(run: RunData, diag: Diagnosis) -> List[Sequence[Any]]:
     if not val:
         val = [(e["step"], e["val_loss"]) for e in run.events if e.get("event") == "eval" and _num(e.get("val_loss")) and _num(e.get("step"))]
     tokens = sum(r["tokens"] for r in steps if _num(r.get("tokens")))
-    wall = (run.summary or {}).get("wall_s") or (run.recovery or {}).get("wall_s")
+    training = (run.recovery or {}).get("training_s")
     worlds = sorted({int(r["world_size"]) for r in run.metrics if _num(r.get("world_size"))})
     restarts = (run.recovery or {}).get("restarts") or []
     causes: Dict[str, int] = {}
@@ -75,9 +75,12 @@ def summary_rows(run: RunData, diag: Diagnosis) -> List[Sequence[Any]]:
         ("steps", f"{last} / {total}" if total else str(last)),
         ("loss", f"{_f(first_loss)} → {_f(losses[-1] if losses else None)} (mean of the last 10: {_f(_mean_last(losses))})"),
         ("validation loss", f"best {_f(min(v for _, v in val))} at step {min(val, key=lambda p: p[1])[0]}, last {_f(val[-1][1])} at step {val[-1][0]}" if val else "n/a"),
-        ("tokens", f"{tokens:,} (real tokens); {_f(f.get('tokens_per_s_mean'), ',.0f')} tokens/s mean over {diag.steps_analyzed} steady steps"),
-        ("MFU", f"{_pct(f.get('mfu_mean'))}" + ("" if diag.device.startswith("cuda") else f" (nominal on {diag.device}: a relative figure, docs/report.md#metrics)")),
-        ("wall time", _dur(wall) + (" (first worker start to last step)" if run.summary is None and wall else "")),
+        ("tokens", f"{tokens:,} (real tokens); {_f(f.get('tokens_per_s'), ',.0f')} tokens/s over {diag.steps_analyzed} steady steps "
+                   "(Σ tokens / Σ step time)"),
+        ("MFU", f"{_pct(f.get('mfu'))} (step-time-weighted over the steady steps)"
+                + ("" if diag.device.startswith("cuda") else f"; nominal on {diag.device}: a relative figure, docs/report.md#metrics")),
+        ("job time", f"{_dur(run.job_s)} (the driver's lease to the end of training: start-up included)" if run.job_s else "n/a"),
+        ("training time", f"{_dur(training)} (first worker start to last step: goodput's denominator)" if training else "n/a"),
         ("goodput", _pct(f.get("goodput"))),
         ("restarts", f"{len(restarts)}" + (f" ({', '.join(f'{n} {c}' for c, n in sorted(causes.items()))})" if causes else "")),
         ("world size", "–".join(str(w) for w in (worlds[0], worlds[-1])) if len(worlds) > 1 else (str(worlds[0]) if worlds else "n/a")),

@@ -55,6 +55,9 @@ class RunData:
     recovery: Optional[Dict[str, Any]]
     status: Status
     notes: List[str] = field(default_factory=list)  # what could not be read, one line each
+    # This invocation's job time (summary.json `job_s`, or handed in by the driver, which writes
+    # the report before the summary): None when unknown or when the summary is an earlier one's.
+    job_s: Optional[float] = None
 
     @property
     def name(self) -> str:
@@ -148,6 +151,9 @@ def load_run(run_dir: str, now: Optional[float] = None, records_dir: Optional[st
             notes.append(f"recovery accounting unavailable ({type(e).__name__}: {e})")
     run = RunData(run_dir, config, metrics, events, summary, recovery, Status("not started", ""), notes)
     run.status = infer_status(run, time.time() if now is None else now)
+    last_step = run.steps[-1]["step"] if run.metrics else 0
+    if summary and _num(summary.get("job_s")) and (not _num(summary.get("last_step")) or summary["last_step"] >= last_step):
+        run.job_s = summary["job_s"]
     return run
 
 
