@@ -107,7 +107,7 @@ def test_langid_german_french_english():
 
 
 def test_pii_redaction_counts_and_placeholders():
-    p = PIIRedaction()
+    p = PIIRedaction(phone_regions=["US", "DE"])  # 030 1234 5678 is a German national number
     text = ("Mail john.doe@gmail.com or jane@corp.example.net, server 8.8.8.8 and 2001:4860:4860::8888, "
             "call +1 (415) 555-2671 or 030 1234 5678. Local 192.168.1.10 stays, version 3.11.4 stays, "
             "and 127.0.0.1 stays.")
@@ -122,6 +122,64 @@ def test_pii_redaction_counts_and_placeholders():
     # placeholders restart per document: the same document redacts the same way anywhere
     assert PIIRedaction().redact("a@b.com x@y.org")[0] == p.redact("a@b.com x@y.org")[0]
     assert "192.168.1.10" not in PIIRedaction(public_ips_only=False).redact("at 192.168.1.10 now")[0]
+
+
+# (text, region): numbers as each country writes them. region None: written with +, found by the
+# default stage (and region-less, below); else the stage is given that region for national numbers.
+PHONES = [
+    ("+1 (415) 555-2671", None), ("(415) 555-2671", "US"), ("415.555.2671", "US"), ("1-800-555-0199", "US"),
+    ("+44 20 7946 0958", None), ("020 7946 0958", "GB"), ("+44 (0)20 7946 0958", None),
+    ("+49 30 901820", None), ("030 901820", "DE"), ("030/901820", "DE"), ("0049 30 901820", "DE"),
+    ("+33 1 42 68 53 00", None), ("01 42 68 53 00", "FR"), ("01.42.68.53.00", "FR"), ("+33.1.42.68.53.00", None),
+    ("+39 06 4991 1111", None), ("06 4991 1111", "IT"),
+    ("+34 912 34 56 78", None), ("912-345-678", "ES"),
+    ("+31 20 555 1234", None), ("(020) 555 1234", "NL"),
+    ("+81 3-1234-5678", None), ("03-1234-5678", "JP"),
+    ("+61 2 9876 5432", None), ("(02) 9876 5432", "AU"),
+    ("+91 98765 43210", None), ("098765 43210", "IN"), ("98765-43210", "IN"),
+    ("+55 11 91234-5678", None), ("(11) 91234-5678", "BR"),
+    ("+41 44 668 18 00", None), ("044 668 18 00", "CH"),
+    ("+7 (495) 123-45-67", None), ("+86 138 0013 8000", None), ("+82 2-312-3456", None), ("021 123 4567", "ZA"),
+]
+
+
+@pytest.mark.parametrize("number,region", PHONES)
+def test_pii_phone_formats_by_country(number, region):
+    stages = [PIIRedaction()] if region is None else [PIIRedaction(phone_regions=[region])]
+    if region is None:
+        stages.append(PIIRedaction(phone_regions=[]))  # region-less: + numbers only
+    for st in stages:
+        out, counts = st.redact(f"Call our office at {number} today, ask for Anna.")
+        assert out == "Call our office at 555-0100 today, ask for Anna.", (number, out)
+        assert counts == {"phone": 1}
+
+
+LOOKALIKES = ["released 2024-01-15, due 15.01.2024 or 01/15/2024", "version 1.2.3, then v10.4.12 and 3.11.4",
+              "see ISBN 978-3-16-148410-0 and ISBN 0-306-40615-2", "pi is 3.14159265358979, e is 2.718281828459045",
+              "host 192.168.10.12 and 10.0.0.1, mask 255.255.255.0", "at 12:30:45 or 2024-01-15 12:30:45",
+              "in 1999 we sold 12000 units, 1,234,567.89 dollars in all", "page 123-456 of 12 345 678",
+              # digits inside larger numerals (0.333333333 is a valid German number, 2147483648 a US one)
+              "x = 0.333333333, min -2147483648, sum 1000000.0050045159"]
+ALL_REGIONS = sorted({r for _, r in PHONES if r})
+
+
+@pytest.mark.parametrize("text", LOOKALIKES)
+def test_pii_phone_lookalikes_are_left_alone(text):
+    for st in (PIIRedaction(), PIIRedaction(phone_regions=ALL_REGIONS)):
+        assert st.redact(text) == (text, {}), text
+    # an IP address is never a phone number, also when IPs are not redacted or are redacted first
+    for kinds in (["phone"], ["ip", "phone"]):
+        out, counts = PIIRedaction(kinds=kinds, phone_regions=ALL_REGIONS).redact("hosts 93.184.216.34 and 203.0.113.195")
+        assert "phone" not in counts and "555-01" not in out
+
+
+def test_pii_phone_mixed_document_counts_and_placeholders():
+    text = ("Write to anna.berg@example-mail.de, server 93.184.216.34; Berlin +49 30 901820, "
+            "Paris +33 1 42 68 53 00.")
+    res = PIIRedaction()([{"id": "a", "text": text, "order": 0}])
+    assert res.kept[0]["text"] == ("Write to email@example.com, server 22.214.171.124; Berlin 555-0100, "
+                                   "Paris 555-0101.")
+    assert res.counts == {"pii_email": 1, "pii_ip": 1, "pii_ipv6": 0, "pii_phone": 2, "pii_docs": 1}
 
 
 def test_toxicity_threshold(tmp_path):
@@ -174,7 +232,8 @@ def test_pipeline_first_reason_wins_and_counts_every_doc():
 def test_bad_config_is_one_line():
     for kw, key in ((dict(stages=["unicode", "nope"]), "curate.stages"), (dict(c4={"nope": 1}), "curate.c4.nope"),
                     (dict(skip_rules=["c4:nope"]), "curate.skip_rules"), (dict(workers=0), "curate.workers"),
-                    (dict(pii_kinds=["ssn"]), "curate.pii_kinds"), (dict(stages=["perplexity"]), "curate.perplexity_scorer")):
+                    (dict(pii_kinds=["ssn"]), "curate.pii_kinds"), (dict(stages=["perplexity"]), "curate.perplexity_scorer"),
+                    (dict(pii_phone_regions=["US", "XX"]), "curate.pii_phone_regions")):
         with pytest.raises(ConfigError, match=key) as e:
             check_curate_config(CurateSection(**kw))
         assert "\n" not in str(e.value)

@@ -528,6 +528,11 @@ class CurateSection:
     pii_kinds: List[str] = field(default_factory=lambda: ["email", "ip", "ipv6", "phone"])
     # pii: leave private and reserved IP addresses alone (datatrove's only_remove_public_ips).
     pii_public_ips_only: bool = True
+    # pii: regions (ISO codes, e.g. [US, GB, DE]) whose national phone numbers (written without +)
+    # are redacted, as libphonenumber reads them; numbers with + are redacted in any country's
+    # format whatever this lists. Each region is one more matcher pass (about 0.1 ms per 2 KB
+    # document, docs/curate.md); [] = + numbers only. US also covers Canada and the rest of +1.
+    pii_phone_regions: List[str] = field(default_factory=lambda: ["US"])
     # near_dedup: words per MinHash shingle (datatrove: 5).
     minhash_ngram: int = 5
     # near_dedup: LSH bands; bands x rows permutations (datatrove's 14 x 8 finds pairs above

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
+import phonenumbers
+
 from elastic.config import ConfigError
 from elastic.data.curate.base import STAGES, Doc, known_rules
 from elastic.data.curate.dedup import MinHasher, content_hash
@@ -57,6 +59,11 @@ def check_curate_config(cs) -> None:
     bad = [k for k in cs.pii_kinds if k not in ("email", "ip", "ipv6", "phone")]
     if bad:
         raise ConfigError(f"curate.pii_kinds: unknown kind(s) {bad} (known: email, ip, ipv6, phone)")
+    bad = [r for r in cs.pii_phone_regions if not isinstance(r, str) or r.upper() not in phonenumbers.SUPPORTED_REGIONS]
+    if bad:
+        norway = "; YAML reads an unquoted NO (Norway) as false: write 'NO'" if "false" in str(bad).lower() else ""
+        raise ConfigError(f"curate.pii_phone_regions: unknown region code(s) {bad} (ISO 3166 codes libphonenumber "
+                          f"knows, e.g. US, GB, DE, FR, IN{norway})")
     if "perplexity" in cs.stages and not (cs.perplexity_scorer or cs.perplexity_model):
         raise ConfigError("curate.perplexity_model: the perplexity stage needs a checkpoint, run or Hugging Face "
                           "directory (or curate.perplexity_scorer)")
