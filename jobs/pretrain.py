@@ -28,11 +28,14 @@ EMBEDDED_EVAL = ["eval.every_steps=50", "eval.tasks=[heldout_text]"]
 def run_or_exit_code(run, *args):
     """(run(*args), 0), or (None, exit code) after a one-line message for the failures a user
     can act on: bad config or input 2, the run directory in use 3, a cluster that cannot hold
-    the run 4 (README "The pipeline"). Shared by every entry point."""
+    the run 4 (README "The pipeline"), stopped by SIGINT 130 or SIGTERM 143 (with the command
+    that resumes it: elastic/launch/runtime/stop.py). Shared by every entry point."""
+    from elastic.launch.runtime import stop
     from elastic.launch.runtime.cluster import ClusterError
     from elastic.launch.runtime.lease import LeaseHeld
     from elastic.reward.verifiers.code_opt.problems import ProblemError
 
+    stop.install()
     try:
         return run(*args), 0
     except (DataError, ProblemError, ConfigError) as e:  # ConfigError: checked against the inputs at plan time
@@ -44,6 +47,15 @@ def run_or_exit_code(run, *args):
     except ClusterError as e:
         print(f"cluster error: {e}", file=sys.stderr)
         return None, 4
+    except BaseException as e:
+        stopped = stop.as_stop(e)
+        if stopped is None:
+            raise
+        where = (f"the relaunch resumes from {stopped.checkpoint}" if stopped.checkpoint
+                 else "no checkpoint was registered yet: the relaunch starts the run over")
+        print(f"[elastic] stopped by {stopped.name}; {where}. Resume with: {stop.relaunch_command()}",
+              file=sys.stderr, flush=True)
+        return None, stopped.exit_code
 
 
 def main(argv=None, kind: str = "pretrain", default_config: str = "", doc: str = "") -> int:

@@ -236,3 +236,45 @@ def test_relaunch_after_sigkill_takes_over_the_stale_lease_and_resumes(tmp_path)
     assert starts == [0, 2]
     assert latest_complete(str(run))[0].endswith("step_00000006")
     assert not (run / "lease.json").exists()
+
+
+def test_sigterm_and_ctrl_c_stop_in_one_line_and_the_relaunch_resumes(tmp_path):
+    """A scheduler's SIGTERM (to the driver alone, as `timeout` or `ray job stop` send it) and a
+    terminal's Ctrl-C (SIGINT to the whole process group): each ends the job with one line naming
+    the checkpoint a relaunch resumes from and the command, exit code 143 / 130, the run's lease
+    released, and none of Ray's signal-handler output; the relaunches resume there and finish
+    with every sample trained on exactly once."""
+    from elastic.launch import ledger
+
+    corpus = make_text_corpus(tmp_path / "corpus")
+    run = tmp_path / "runs" / "stopped"
+    ov = small_run_overrides(tmp_path / "runs", "stopped", corpus, 8)
+    for sig, stall_at, resume_at, code in ((signal.SIGTERM, 4, 2, 143), (signal.SIGINT, 6, 4, 130)):
+        log = tmp_path / f"{sig.name}.log"
+        # Rank 1 stalls inside a checkpoint, so the job is alive right after the one before it.
+        job = _start(ov, _env({"ELASTIC_FAULT_CKPT_DELAY": f"rank=1,step={stall_at},seconds=300"}), log)
+        try:
+            _wait(lambda: _registered(run) == f"step_{resume_at:08d}", f"checkpoint {resume_at} registered", job, log)
+            if sig == signal.SIGINT:
+                os.killpg(job.pid, sig)  # Ctrl-C: the terminal signals the foreground process group
+            else:
+                os.kill(job.pid, sig)
+            assert job.wait(timeout=120) == code, log.read_text()[-3000:]
+        finally:
+            if job.poll() is None:
+                _kill_tree(job)
+        lines = [ln for ln in log.read_text().splitlines() if ln.strip()]
+        assert lines[-1].startswith(f"[elastic] stopped by {sig.name}; the relaunch resumes from "
+                                    f"{run / f'step_{resume_at:08d}'}. Resume with: "), lines[-1]
+        assert "jobs/pretrain.py --set run.storage_path=" in lines[-1]
+        noisy = [ln for ln in lines if RAY_LOG_LINE.search(ln) or "SIGTERM received" in ln or "logging.cc" in ln
+                 or not ln.startswith("[elastic]")]
+        assert not noisy, "\n".join(noisy)
+        assert sum("stopped by" in ln for ln in lines) == 1
+        assert not (run / "lease.json").exists()  # released on the way out
+    r = _run(ov, _env())
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    starts = [e["step"] for e in read_jsonl(run / "events.jsonl") if e["event"] == "start"]
+    assert starts == [0, 2, 4]
+    chk = ledger.check(str(run / "ledger.jsonl"), 8, 8)
+    assert chk["ok"], chk

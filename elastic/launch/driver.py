@@ -28,6 +28,7 @@ from elastic.launch.runtime.fit import fit_to_gpus
 from elastic.launch.runtime.lease import RunLease
 from elastic.launch.runtime.progress import Progress
 from elastic.launch.runtime.recovery_callback import RecoveryEventsCallback
+from elastic.launch.runtime.stop import as_stop, call_interruptibly, disconnect, stopped_by
 from elastic.report import build_report
 from elastic.report.recovery import analyze
 from elastic.train import checkpoint as ckpt_lib
@@ -292,6 +293,33 @@ def run_job(cfg: Config, launch: JobLaunch, out: Optional[TextIO] = None, progre
 
     paths = run_paths(cfg)
     choice = resolve_cluster()
+    try:
+        return _run(cfg, launch, paths, choice, say, lost, out, progress)
+    except BaseException as e:  # stopped by a signal (runtime/stop.py): say where the run can resume
+        stopped = as_stop(e)
+        if stopped is None:
+            raise
+        stopped.checkpoint = resume_checkpoint(paths.run_dir)
+        raise stopped from None
+
+
+def resume_checkpoint(run_dir: str) -> Optional[str]:
+    """The checkpoint a relaunch resumes from: the newest one Ray Train registered (its
+    checkpoint_manager_snapshot.json), else the newest complete one on storage. A save in flight
+    when a job is stopped can finish on storage without being registered; it is not resumed."""
+    import pyarrow.fs as pafs
+
+    try:
+        fs, base = pafs.FileSystem.from_uri(run_dir) if "://" in run_dir else (pafs.LocalFileSystem(), run_dir)
+        with fs.open_input_stream(f"{base.rstrip('/')}/checkpoint_manager_snapshot.json") as f:
+            name = json.loads(f.read())["latest_checkpoint_result"]["checkpoint_dir_name"]
+        return f"{run_dir.rstrip('/')}/{name}"
+    except Exception:  # no snapshot yet, or another Ray version's layout
+        found = ckpt_lib.latest_complete(run_dir)
+        return found[0] if found else None
+
+
+def _run(cfg: Config, launch: JobLaunch, paths: RunPaths, choice, say, lost, out: TextIO, progress: bool) -> JobResult:
     with RunLease(paths.run_dir, on_lost=lost) as lease:
         os.makedirs(paths.local_dir, exist_ok=True)
         t0 = time.time()
@@ -329,14 +357,20 @@ def run_job(cfg: Config, launch: JobLaunch, out: Optional[TextIO] = None, progre
             if progress:
                 follow.start()
             try:
-                result = trainer.fit()
+                result = call_interruptibly(trainer.fit)
             finally:
                 job_s = time.time() - t0  # job time, the one figure the report, summary and console show
                 if progress:
                     follow.stop()
-                report = write_run_report(paths, say, job_s)  # also for a run that failed: it says where
+                if stopped_by() is not None:
+                    disconnect()
+                # also for a run that failed (it says where), or was stopped (then quietly: the stop is the one line)
+                report = write_run_report(paths, say if stopped_by() is None else (lambda line: None), job_s)
         finally:
-            launch.stop()
+            if stopped_by() is None:
+                launch.stop()
+            else:  # stopped: the job's actors end with the driver's connection (stop.disconnect)
+                disconnect()
         ckpt = result.checkpoint.path if result.checkpoint is not None else None
         if result.error is not None:
             raise result.error

@@ -7,4 +7,5 @@
     fit.py                ask for no more GPU workers than the cluster has
     progress.py           the driver's one progress line, followed from metrics.jsonl
     recovery_callback.py  Ray Train controller decisions (retries, resizes) into events.jsonl
+    stop.py               Ctrl-C / SIGTERM: one line, a clean end, the command that resumes
 """

@@ -38,6 +38,8 @@ import socket
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional
 
+from elastic.launch.runtime.stop import reinstall
+
 ENV = "RAY_ADDRESS"
 FROM_ENV, RECORDED, PRIVATE, CONNECTED = "RAY_ADDRESS", "ray start", "private", "connected"
 
@@ -185,6 +187,7 @@ def connect(choice: ClusterChoice, num_cpus: int, env_vars: Dict[str, str]) -> C
             ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
                      runtime_env={"env_vars": {**quiet_train, **env_vars}}, **quiet)
             stop_log_monitor()
+        reinstall()  # ray.init replaced the SIGTERM handler of an entry point (stop.py)
     except (ConnectionError, RuntimeError, ValueError) as e:
         where = f"the cluster at {choice.address} ({choice.kind})" if choice.address else "a private local Ray instance"
         last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
