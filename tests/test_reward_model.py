@@ -280,3 +280,55 @@ def test_rlhf_config_errors_are_one_line():
         assert "\n" not in str(e.value)
     cfg = load_config(None, ["rl.algorithm=ppo", "rl.group_size=1", "rl.prompts_per_step=8"], job="grpo")  # PPO needs no group
     assert cfg.rl.group_size == 1
+
+
+def test_rlhf_command_trains_a_missing_reward_model_first_and_stops_on_a_missing_one_before_work(trained, tmp_path, capsys):
+    """README's RLHF line on a fresh clone: jobs/grpo.py with a `model` reward term trains the
+    reward model of `reward.model_config` first when its run is not finished (as the SFT policy is
+    chained), and a `reward.model_path` that is not there, or no reward model at all, is one line
+    naming the command that makes it, before any work (no SFT chain, no run directory)."""
+    import yaml
+
+    from jobs.grpo import main as grpo_main
+    from jobs.post_training import reward_model_checkpoint
+
+    tmp, base, _ = trained
+    defaults = tmp_path / "defaults.yaml"
+    defaults.write_text("{}\n")
+
+    def args(name, *extra):
+        over = [o for o in _ppo_overrides(tmp, base, "", name, 1) if not o.startswith("reward.model_path=")]
+        out = ["--config", str(defaults)]
+        for o in over + list(extra):
+            out += ["--set", o]
+        return out
+
+    for extra, msg in (((), "reward.model_path: reward.kind has a 'model' term but neither reward.model_path nor "
+                                "reward.model_config is set; train one with: python jobs/reward_model.py"),
+                       ((f"reward.model_path={tmp_path / 'nope'}",), f"reward.model_path {tmp_path / 'nope'}: not found; "
+                                                                     "make it with: python jobs/reward_model.py"),
+                       ((f"reward.model_config={tmp_path / 'none.yaml'}",), "reward.model_config")):
+        assert grpo_main(args("ppo-none", *extra)) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("config error: " + msg), err
+    assert not (tmp / "runs" / "ppo-none").exists()
+
+    rm_cfg = tmp_path / "rm.yaml"
+    rm_cfg.write_text(yaml.safe_dump({
+        "run": {"name": "rm-chain", "storage_path": str(tmp / "runs")},
+        "model": {"init_from": str(base), "num_labels": 1},
+        "data": {"source": str(tmp / "train.jsonl"), "seq_len": 64},
+        "eval": {"source": str(tmp / "held.jsonl"), "every_steps": 2, "samples": 16},
+        "train": {"steps": 2, "global_batch_size": 8, "micro_batch_size": 2, "lr": 3e-3, "warmup_steps": 0},
+        "checkpoint": {"every_steps": 2}, "wandb": {"mode": "disabled"},
+        "scaling": {"min_workers": 2, "max_workers": 2}}))
+    assert grpo_main(args("ppo-chain", f"reward.model_config={rm_cfg}")) == 0
+    out = capsys.readouterr().out
+    made = str(tmp / "runs" / "rm-chain" / "step_00000002")
+    assert f"no finished reward model at {tmp / 'runs' / 'rm-chain'}: running jobs/reward_model.py" in out
+    assert f"[elastic] reward model: {made}" in out
+    steps = _per_step(tmp / "runs" / "ppo-chain")
+    assert sorted(steps) == [1] and "rm_score_mean" in steps[1]
+    # A finished reward-model run is used as it is, not trained again.
+    assert reward_model_checkpoint([], str(rm_cfg)) == made
+    assert "no finished reward model" not in capsys.readouterr().out

@@ -318,6 +318,10 @@ class RewardSection:
     # Hugging Face *ForSequenceClassification directory) served by Ray actors; its score x the
     # term's weight is added to the verifiers' reward. Same tokenizer as the policy.
     model_path: str = ""
+    # reward.kind's `model` term with model_path empty: the reward-model config
+    # (jobs/reward_model.py) whose finished run is the reward model, trained first when it is not
+    # there (as model.init_sft_config does for the policy).
+    model_config: str = ""
     model_actors: int = 1
     model_batch: int = 32
     model_use_gpu: str = "auto"  # auto | true | false

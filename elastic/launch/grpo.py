@@ -109,7 +109,8 @@ def check_reward_model(cfg: Config, policy_tokenizer_json: str) -> None:
     path = cfg.reward.model_path
     if not path:
         raise ConfigError("reward.model_path: reward.kind has a 'model' term but no reward model is given "
-                          "(a jobs/reward_model.py checkpoint <run>/step_N or a Hugging Face *ForSequenceClassification directory)")
+                          "(a jobs/reward_model.py checkpoint <run>/step_N or a Hugging Face *ForSequenceClassification directory; "
+                          "jobs/grpo.py trains reward.model_config's first)")
     src = resolve_init_from(path, key="reward.model_path")
     if not src.dims.get("num_labels"):
         raise ConfigError(f"reward.model_path {path}: a causal language model, not a reward model (no score head)")
