@@ -55,6 +55,20 @@ def grpo_override_list(store, name, policy, steps, **extra):
     return _ov(o)
 
 
+def assert_trained_tokens_are_the_kept_ones(metrics, rollouts, updates: int, prompts: int = 2, group: int = 4) -> int:
+    """Filtered completions (zero-variance groups, rl.filter_zero_variance) leave the update: the
+    tokens trained per step are the kept completions' (x updates per rollout), no more. Returns
+    how many steps had a filtered group."""
+    filtered = 0
+    for r in metrics:
+        groups = [[rollouts[(r["step"], k)] for k in range(g * group, (g + 1) * group)] for g in range(prompts)]
+        kept = [c for grp in groups if len({c["reward"] for c in grp}) > 1 for c in grp]
+        assert r["tokens"] == updates * sum(c["tokens"] for c in kept), r["step"]
+        assert r["kept_frac"] == len(kept) / (prompts * group)
+        filtered += r["kept_frac"] < 1
+    return filtered
+
+
 def _rollouts(path):
     by = {}
     for r in read_jsonl(path):
@@ -92,6 +106,7 @@ def test_grpo_end_to_end_and_exact_resume(policy, baseline, tmp_path):
     statuses = {r["status"] for r in ra.values()}
     assert "ok" in statuses  # the policy writes working programs; the pool scored them
     assert all(r["reward"] == 0.0 for r in ra.values() if r["status"] != "ok")
+    assert_trained_tokens_are_the_kept_ones(ma, ra, updates=2)
     # The ledger: every step's 8 completions exactly once (ids = prompt position * G + sample).
     from elastic.launch import ledger
 
@@ -302,7 +317,9 @@ def test_grpo_on_a_task_file_with_a_weighted_verifier_sum_and_pass_at_k(policy, 
     assert [r["step"] for r in m if "heldout_pass_at_2" in r] == [2]
     for r in m:
         assert r["sandbox_error_rate"] == 0.0
-    rolls = list(_rollouts(store / "tasks" / "rollouts.jsonl").values())
+    rolls_by_key = _rollouts(store / "tasks" / "rollouts.jsonl")
+    assert assert_trained_tokens_are_the_kept_ones(m, rolls_by_key, updates=1) >= 1  # a filtered group, dropped
+    rolls = list(rolls_by_key.values())
     assert len(rolls) == 2 * 8 and {r["problem"] for r in rolls} <= {"t0", "t1", "t2", "t3"}
     for r in rolls:  # the weighted sum: 1.0 * math_answer (0 or 1) + 0.1 * regex (0 or 1)
         assert any(abs(r["reward"] - v) < 1e-9 for v in (0.0, 0.1, 1.0, 1.1)), r

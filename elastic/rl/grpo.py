@@ -19,6 +19,8 @@ One global step s (every rank runs the same code on its own completions):
    share (reward, status, length) of all N completions across ranks, so every rank computes
    the same group advantages (overlong shaping first, then `rl.adv_norm`) and the same step
    counts for the loss normalisers; zero-variance groups are dropped when configured.
+   Dropped completions leave the micro-batches (`train_plan`): they cost no forward or
+   backward, only the ledger and the rollout records still carry them.
 5. **Update**: `rl.updates_per_rollout` × `rl.minibatches_per_update` optimizer steps, each
    `grpo_loss` with weights normalised by the whole minibatch (all ranks), so the gradient does
    not depend on the split over workers and micro-batches.
@@ -34,7 +36,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -123,6 +125,19 @@ def make_grpo_loss(rl, counts: Callable[[], StepCounts]) -> LossFn:
     return loss
 
 
+def train_plan(keep: np.ndarray, parts: Sequence[Sequence[int]], micro_batch_size: int) -> Tuple[List[List[int]], int]:
+    """Which completions one rank trains on in one minibatch, and how many micro-batches.
+
+    keep: [N] bool over the whole step (the same on every rank); parts: every rank's completion
+    indices of this minibatch (rank r's at parts[r]). Returns, per rank, its kept indices, and the
+    micro-batch count every rank runs: the largest ceil(kept / micro_batch_size) over ranks. FSDP
+    gathers parameters in every forward, so all ranks must run the same count; a rank with fewer
+    kept completions pads with micro-batches of one dropped completion, masked (loss and
+    gradient 0). Such a rank always has one: it keeps fewer than another rank's share."""
+    kept = [[k for k in part if keep[k]] for part in parts]
+    return kept, max(-(-len(ks) // micro_batch_size) for ks in kept)
+
+
 def decode_text(tok, ids: List[int]) -> str:
     return tok.decode(ids, skip_special_tokens=True)
 
@@ -164,7 +179,9 @@ class GRPOJob(Job):
         self.rm_weight = dict(parse_kind(cfg.reward.kind)).get("model", 0.0)
         self.run_name = cfg.run.name
         self.N = rl.prompts_per_step * rl.group_size
-        self.mine = rank_completions(self.N, rl.minibatches_per_update, ctx.world_size, ctx.rank)
+        # Every rank's completions per minibatch (all ranks plan the same micro-batch counts).
+        self.parts = [rank_completions(self.N, rl.minibatches_per_update, ctx.world_size, r) for r in range(ctx.world_size)]
+        self.mine = self.parts[ctx.rank]
         self.updates_per_step = rl.updates_per_rollout * rl.minibatches_per_update
         # Under LoRA the reference is the policy with its adapters disabled (no second copy).
         self.lora = ctx.cfg.model.lora.rank > 0
@@ -221,10 +238,10 @@ class GRPOJob(Job):
                     continue  # nothing to learn from this minibatch (all filtered): no optimizer step
                 self._counts = StepCounts(sequences=len(kept), tokens=max(1, int(outcome.lengths[kept].sum())),
                                           max_new_tokens=rl.max_new_tokens)
-                rows = [by_k[k] for k in part]
-                yield Update(micro_batches=self._micro_batches(rows, outcome), normaliser=1.0,
-                             tokens=int(sum(len(r.tokens) for r in rows)),
-                             compute_tokens=int(sum(len(r.prompt) + len(r.tokens) for r in rows)))
+                micro, rows, pad = self._kept_micro_batches(m, part, by_k, outcome.keep,
+                                                            lambda rs: self._micro_batches(rs, outcome))
+                yield Update(micro_batches=micro, normaliser=1.0, tokens=int(sum(len(r.tokens) for r in rows)),
+                             compute_tokens=int(sum(len(r.prompt) + len(r.tokens) for r in rows + pad)))
         self.reward.forget([r.key for r in rollouts])
         self._cursor = (step + 1) * rl.prompts_per_step
 
@@ -263,6 +280,18 @@ class GRPOJob(Job):
         self._metrics["generate_s"] = gen_s
         self._metrics["_gen_tokens"] = sum(len(r.tokens) for r in rows)
         return rows
+
+    def _kept_micro_batches(self, m: int, part: List[int], by_k: Dict[int, Rollout], keep: np.ndarray,
+                            make: Callable[[List[Rollout]], List[Dict[str, np.ndarray]]]):
+        """Minibatch m's micro-batches on this rank: its kept completions only, padded to the
+        micro-batch count every rank runs (`train_plan`) with one masked dropped completion each.
+        Returns (micro-batches, rows trained on, padding rows)."""
+        kept, n_micro = train_plan(keep, [p[m] for p in self.parts], self.rl.micro_batch_size)
+        rows = [by_k[k] for k in kept[self.ctx.rank]]
+        micro = make(rows) if rows else []
+        dropped = [by_k[k] for k in part if not keep[k]]
+        pad = [dropped[0]] * (n_micro - len(micro)) if len(micro) < n_micro else []
+        return micro + [b for r in pad for b in make([r])], rows, pad
 
     def _sequence_batch(self, rows: List[Rollout]) -> Dict[str, np.ndarray]:
         """Prompt + completion per row, right-padded to the longest; one document per row.

@@ -116,10 +116,10 @@ class PPOJob(GRPOJob):
                     continue
                 self._counts = StepCounts(sequences=len(kept), tokens=max(1, int(outcome.lengths[kept].sum())),
                                           max_new_tokens=rl.max_new_tokens)
-                part_rows = [by_k[k] for k in part]
-                yield Update(micro_batches=self._ppo_micro_batches(part_rows, keep, values, adv, ret), normaliser=1.0,
-                             tokens=int(sum(len(r.tokens) for r in part_rows)),
-                             compute_tokens=2 * int(sum(len(r.prompt) + len(r.tokens) for r in part_rows)))
+                micro, part_rows, pad = self._kept_micro_batches(
+                    m, part, by_k, keep, lambda rs: self._ppo_micro_batches(rs, keep, values, adv, ret))
+                yield Update(micro_batches=micro, normaliser=1.0, tokens=int(sum(len(r.tokens) for r in part_rows)),
+                             compute_tokens=2 * int(sum(len(r.prompt) + len(r.tokens) for r in part_rows + pad)))
         self.reward.forget([r.key for r in rows])
         self._cursor = (step + 1) * rl.prompts_per_step
 
