@@ -21,6 +21,14 @@ from jobs.pretrain import run_or_exit_code  # noqa: E402
 SFT_DEFAULT = os.path.join(HERE, "configs", "sft-code-opt.yaml")
 
 
+# Where runs live, logging, and how the cluster is used carry over to a chained run (SFT, reward model).
+CARRIED = ("run.storage_path=", "wandb.", "scaling.use_gpu=", "scaling.fit=", "scaling.resource_wait_s=")
+
+
+def carried(overrides: List[str]) -> List[str]:
+    return [o for o in overrides if o.startswith(CARRIED)]
+
+
 def starting_policy(label: str, overrides: List[str], sft_config: str = "") -> str:
     """The SFT run's final checkpoint (`sft_config`, default jobs/configs/sft-code-opt.yaml),
     training it first when it is missing."""
@@ -28,10 +36,8 @@ def starting_policy(label: str, overrides: List[str], sft_config: str = "") -> s
     from elastic.launch.grpo import latest_checkpoint
     from elastic.launch.pretrain import run_pretraining
 
-    # Where runs live, logging, and how the cluster is used carry over to the SFT run.
-    carried = ("run.storage_path=", "wandb.", "scaling.use_gpu=", "scaling.fit=", "scaling.resource_wait_s=")
     sft_config = sft_config or SFT_DEFAULT
-    sft = load_config(sft_config, [o for o in overrides if o.startswith(carried)])
+    sft = load_config(sft_config, carried(overrides))
     ckpt = latest_checkpoint(run_dir(sft))
     if ckpt is None or not ckpt.endswith(f"step_{sft.train.steps:08d}"):
         print(f"[elastic] no finished SFT policy at {run_dir(sft)}: running jobs/sft.py --config "
@@ -75,8 +81,7 @@ def reward_model_checkpoint(overrides: List[str], rm_config: str) -> str:
     from elastic.launch.grpo import latest_checkpoint
     from elastic.launch.reward_model import run_reward_model
 
-    carried = ("run.storage_path=", "wandb.", "scaling.use_gpu=", "scaling.fit=", "scaling.resource_wait_s=")
-    keep = [o for o in overrides if o.startswith(carried)]
+    keep = carried(overrides)
     rm = load_config(rm_config, keep, job="reward_model")
     ckpt = latest_checkpoint(run_dir(rm))
     if ckpt is None or not ckpt.endswith(f"step_{rm.train.steps:08d}"):
