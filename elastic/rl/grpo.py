@@ -289,9 +289,8 @@ class GRPOJob(Job):
         kept, n_micro = train_plan(keep, [p[m] for p in self.parts], self.rl.micro_batch_size)
         rows = [by_k[k] for k in kept[self.ctx.rank]]
         micro = make(rows) if rows else []
-        dropped = [by_k[k] for k in part if not keep[k]]
-        pad = [dropped[0]] * (n_micro - len(micro)) if len(micro) < n_micro else []
-        return micro + [b for r in pad for b in make([r])], rows, pad
+        pad = [by_k[k] for k in part if not keep[k]][:1] * max(0, n_micro - len(micro))
+        return micro + (make(pad[:1]) * len(pad) if pad else []), rows, pad
 
     def _sequence_batch(self, rows: List[Rollout]) -> Dict[str, np.ndarray]:
         """Prompt + completion per row, right-padded to the longest; one document per row.

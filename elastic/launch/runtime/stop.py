@@ -5,17 +5,16 @@ Without this, SIGTERM reaches the handler Ray's core worker installs (a C++ stac
 `logging.cc: *** SIGTERM received ...`, `PC: @ ...`, then Ray's own Python handler exits 1),
 and Ctrl-C raises KeyboardInterrupt wherever the driver happens to be, often inside Ray with a
 long traceback. Here both signals raise `JobStopped` in the driver's main thread instead: the
-job's `finally` blocks then run as on any error (the progress line stops, the run report is
-written, the store builder and reward services are closed, the run's lease is released), the
-entry point prints one line and exits 128 + the signal number (130 for SIGINT, 143 for SIGTERM),
-and the private Ray instance, if the job started one, is shut down by the interpreter's exit.
-Checkpoints are the unit of recovery: the relaunch resumes from the last complete one.
+job driver's `finally` blocks then stop the progress line, disconnect from Ray (`disconnect`:
+the job's actors end with the driver's connection, a private instance stops), write the run
+report quietly and release the run's lease; the entry point prints one line and exits 128 + the
+signal number (130 for SIGINT, 143 for SIGTERM). Checkpoints are the unit of recovery: the
+relaunch resumes from the last one Ray Train registered.
 
 Only entry points (jobs/*.py, through `run_or_exit_code`) ask for this with `install()`; a
 notebook calling `run_pretraining` keeps its own Ctrl-C. `ray.init` installs its own SIGTERM
 handler, so `connect` (cluster.py) calls `reinstall()` right after it. A second signal while the
 job cleans up is noted and ignored, so cleanup is not cut short; a third ends the process.
-
 """
 
 from __future__ import annotations
@@ -85,13 +84,10 @@ def stopped_by() -> Optional[int]:
 
 
 def as_stop(e: BaseException) -> Optional[JobStopped]:
-    """`e` as the JobStopped it is or wraps (Ray re-raises around it), else None."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        if isinstance(e, JobStopped):
-            return e
-        seen.add(id(e))
-        e = e.__cause__ or e.__context__
+    """`e` if it is a JobStopped; any other exception raised after a stop signal (Ray raises its
+    own around ours) as a new one; else None (a real error)."""
+    if isinstance(e, JobStopped):
+        return e
     signum = stopped_by()
     return JobStopped(signum) if signum is not None else None
 
@@ -134,6 +130,5 @@ def disconnect() -> None:
 
 def relaunch_command(argv: Optional[list] = None) -> str:
     """The command that ran this job, as a user would type it again (it resumes the run)."""
-    argv = list(sys.argv if argv is None else argv)
-    exe = os.path.relpath(sys.executable) if not os.path.relpath(sys.executable).startswith("..") else "python"
-    return shlex.join([exe, *argv])
+    exe = os.path.relpath(sys.executable)
+    return shlex.join([exe if not exe.startswith("..") else "python", *(sys.argv if argv is None else argv)])
