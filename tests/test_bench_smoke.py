@@ -120,3 +120,18 @@ def test_curate_throughput_smoke(tmp_path):
         for side in ("ours", "datatrove"):
             d = rows[(c, "dedup")][side]
             assert d["docs_out"] <= d["docs_in"] - res["corpus"][c]["planted_exact"]
+
+
+def test_trl_peer_smoke(tmp_path):
+    """The TRL peer bench runs both sides of GRPO and SFT from one exported policy (trained here
+    for a few steps), on the same prompts and token ids, and writes the ratios its table quotes;
+    the smoke mode checks the plumbing, not the targets."""
+    stdout, res = _run("trl_peer.py", tmp_path / "peer.json", "--parts", "grpo,sft", timeout=900)
+    g, s = res["grpo"], res["sft"]
+    assert g["step_ratio"] == g["trl"][0]["s_per_step"] / g["ours"][0]["s_per_step"] > 0
+    assert g["trl"][0]["prompt_tokens_equal"] == 1.0  # TRL's tokenizer reads our prompts as our token ids
+    assert g["ours"][0]["steps"] == g["trl"][0]["steps"] == 2
+    best = max(s["unpacked"][0]["real_tokens_per_s"], s["packed"][0]["real_tokens_per_s"])
+    assert s["tokens_ratio"] == s["ours"][0]["real_tokens_per_s"] / best > 0
+    assert "GRPO s/step" in stdout and "SFT ratio vs TRL's best layout" in stdout
+    assert any("sandbox" in m for m in res["mismatches"]) and res["context"]["trl"]

@@ -58,6 +58,7 @@ REGISTRY: Dict[str, List[str]] = {
     "bench/generate_throughput.py": ["tests/test_generate.py::test_generate_benchmark_smoke"],
     "bench/data_throughput.py": ["tests/test_bench_smoke.py::test_data_throughput_smoke"],
     "bench/curate_throughput.py": ["tests/test_bench_smoke.py::test_curate_throughput_smoke"],
+    "bench/trl_peer.py": ["tests/test_bench_smoke.py::test_trl_peer_smoke"],
     "jobs/curate.py": ["tests/test_curate_run.py::test_each_planted_doc_removed_for_its_reason",
                        "tests/test_curate_run.py::test_bad_config_and_input_are_one_line_before_work"],
     "jobs/ladder.py": ["tests/test_scaling_ladder.py::test_smoke_ladder_runs_fits_and_plots",

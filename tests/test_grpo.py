@@ -99,6 +99,7 @@ def test_grpo_end_to_end_and_exact_resume(policy, baseline, tmp_path):
                   "gen_tokens_per_s", "reward_evals_per_s", "grad_norm", "lr"):
             assert k in r, (k, r["step"])
         assert r["sandbox_error_rate"] == 0.0
+        assert 0 < r["generate_cpu_frac"] < 1.5  # CPU: the cores sampling got (the report's contention evidence)
     assert any("policy_loss" in r and "kl" in r and "entropy" in r and "clip_frac_low" in r for r in ma)
     assert [r["step"] for r in ma if "heldout_pass_at_1" in r] == [2, 4]
     ra = _rollouts(baseline / "a" / "rollouts.jsonl")

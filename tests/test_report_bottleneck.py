@@ -211,6 +211,23 @@ def test_grpo_reward_wait_bound():
     assert "reward.num_actors (now 2)" in d.lever and "6 evaluations/s" in d.evidence
 
 
+def test_grpo_cpu_contention_is_named_with_its_evidence():
+    """Generation that got well under its cores while the trainer also waited on the reward pool:
+    the finding says the two shared CPUs (the measured share) and the lever puts the pool apart."""
+    metrics, events, _ = simulate(Sim(grpo=True, profile=Profile(generate=1.0, reward_wait=1.5, logprob=0.2, update=0.5)))
+    for r in metrics:
+        if "generate_s" in r:
+            r["generate_cpu_frac"] = 0.55
+    d = diagnose(metrics, events, None, CFG)
+    assert d.name == "reward_wait"
+    assert "Generation got 55% of its cores" in d.evidence and "CPUs the trainers do not use" in d.lever
+    for r in metrics:  # generation that had its cores: no contention claimed
+        if "generate_s" in r:
+            r["generate_cpu_frac"] = 0.97
+    d = diagnose(metrics, events, None, CFG)
+    assert "of its cores" not in d.evidence and "CPUs the trainers do not use" not in d.lever
+
+
 def test_grpo_generation_largest_below_threshold_is_named():
     # 45% sampling, 40% log-probs + update: nothing is a finding, sampling is the larger part
     d = run(Sim(grpo=True, profile=Profile(generate=4.5, reward_wait=1.0, logprob=1.0, update=3.0)))

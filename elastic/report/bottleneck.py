@@ -20,6 +20,9 @@ reaches its threshold:
                  rank (a straggler, or another rank's input)                ≥ 10%
   generation     Σ generate_s / Σ step_s (GRPO)                            ≥ 50%
   reward_wait    Σ reward_wait_s / Σ step_s (GRPO)                         ≥ 15%
+                 (both GRPO classes add CPU contention as evidence when CPU
+                 generation got < 75% of its cores: mean generate_cpu_frac =
+                 process CPU s / (wall s × torch threads) of sampling)
   restarts       1 − goodput (recovery accounting), when the run restarted ≥ 5% (goodput < 95%)
   overhead       1 − goodput when the run never restarted (time outside steps) ≥ 5%
   instability    share of steps that were skipped, non-finite, flagged by a
@@ -58,7 +61,7 @@ import math
 import re
 import statistics
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from elastic.report import spikes
 
@@ -75,6 +78,9 @@ THRESHOLDS: Dict[str, float] = {
     "memory": 0.90,
 }
 INSTABILITY_MIN_STEPS = 2
+# GRPO on CPU: generation that got less than this share of its cores (generate_cpu_frac) shared
+# them; the reward_wait and generation findings then name the contention and its lever.
+CPU_CONTENTION = 0.75
 GPU_LOW_MFU = 0.30
 # Classes that cost time; their scores are shares of the run's time and compete directly.
 TIME_CLASSES = ("input", "communication", "checkpoint", "sync", "generation", "reward_wait", "restarts", "overhead", "instability")
@@ -236,6 +242,7 @@ def time_figures(recs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
         f["slowest_rank_over_step"] = _mean(recs, "slowest_rank_step_s") / f["step_s_mean"]
     f["gen_tokens_per_s_mean"] = _mean(recs, "gen_tokens_per_s")
     f["reward_evals_per_s_mean"] = _mean(recs, "reward_evals_per_s")
+    f["generate_cpu_frac_mean"] = _mean(recs, "generate_cpu_frac")
     f["trunc_rate_mean"] = _mean(recs, "trunc_rate")
     return f
 
@@ -424,9 +431,10 @@ def diagnose(metrics: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]]
             cheaper = f"; a shorter per-test limit: reward.python_time_limit_s{_now(config, 'reward.python_time_limit_s')}"
         else:
             cheaper = f" (reward.kind {kind})"
+        shared, apart = _cpu_contention(tf)
         found.append(Finding("reward_wait", s, THRESHOLDS["reward_wait"],
-                             f"the trainer waited on the reward pool {_pct(s)} of GRPO step time{rate}.",
-                             f"more reward actors: reward.num_actors{_now(config, 'reward.num_actors')}, or CPU nodes"
+                             f"the trainer waited on the reward pool {_pct(s)} of GRPO step time{rate}.{shared}",
+                             apart + f"more reward actors: reward.num_actors{_now(config, 'reward.num_actors')}, or CPU nodes"
                              + cheaper))
     f = _restarts(recovery, tf["step_s_mean"], checkpoint_figures(metrics, events)["checkpoint_blocked_per_save_s"], config)
     if f:
@@ -476,6 +484,21 @@ def _checkpoint(share: float, tf: Dict[str, Any], config: Optional[Dict[str, Any
     return Finding("checkpoint", share, THRESHOLDS["checkpoint"], ev, lever)
 
 
+def _cpu_contention(tf: Dict[str, Any]) -> Tuple[str, str]:
+    """(evidence, lever) when CPU generation got well under its cores, else ("", "").
+
+    generate_cpu_frac = process CPU seconds / (wall seconds × torch threads) of each worker's
+    generation (GRPO on CPU); below CPU_CONTENTION it shared its cores with other work, on one
+    machine usually the reward actors: evaluation and sampling then slow each other down."""
+    frac = tf.get("generate_cpu_frac_mean")
+    if not _num(frac) or frac >= CPU_CONTENTION:
+        return "", ""
+    return (f" Generation got {_pct(frac)} of its cores (process CPU / wall / threads): the train workers "
+            f"shared their CPUs with other work, on one machine the reward actors, so sampling and evaluation "
+            f"slowed each other.",
+            "give the reward pool CPUs the trainers do not use (CPU nodes, or fewer train workers); ")
+
+
 def _generation(tf: Dict[str, Any], config: Optional[Dict[str, Any]]) -> Finding:
     s = tf["generate_share"]
     extra = f", {tf['gen_tokens_per_s_mean']:.0f} generated tokens/s" if _num(tf["gen_tokens_per_s_mean"]) else ""
@@ -483,9 +506,10 @@ def _generation(tf: Dict[str, Any], config: Optional[Dict[str, Any]]) -> Finding
     below = "" if s >= THRESHOLDS["generation"] else (
         f" Nothing reaches its threshold; sampling (below its {_pct(THRESHOLDS['generation'])}) is the largest part, "
         f"log-probs and updates {_pct(tf['compute_share'])}.")
+    shared, apart = _cpu_contention(tf)
     return Finding("generation", s, THRESHOLDS["generation"],
-                   f"sampling completions took {_pct(s)} of GRPO step time{extra}.{below}",
-                   f"shorter completions: rl.max_new_tokens{_now(config, 'rl.max_new_tokens')}; fewer per step: "
+                   f"sampling completions took {_pct(s)} of GRPO step time{extra}.{below}{shared}",
+                   apart + f"shorter completions: rl.max_new_tokens{_now(config, 'rl.max_new_tokens')}; fewer per step: "
                    f"rl.group_size{_now(config, 'rl.group_size')} × rl.prompts_per_step"
                    f"{_now(config, 'rl.prompts_per_step')}; or a faster batched KV-cache sampler")
 

@@ -260,7 +260,7 @@ class GRPOJob(Job):
             rows.append(Rollout(k, problem, self.prompt_tokens(problem), [], False,
                                 key=f"{self.run_name}:{step}:{k}"))
         seeds = [rollout_seed(self.ctx.cfg.run.seed, step, *group_of(r.k, rl.group_size)) for r in rows]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         submitted = set()
 
         def on_finish(i: int, completion) -> None:  # stream each finished program to the pool
@@ -278,6 +278,11 @@ class GRPOJob(Job):
         gen_s = time.perf_counter() - t0
         self._gen_t0 = t0
         self._metrics["generate_s"] = gen_s
+        if self.ctx.device.type == "cpu" and gen_s > 0:
+            # The cores generation got: process CPU seconds / (wall seconds × torch threads). Well
+            # below 1 on CPU means something else ran on this worker's cores meanwhile (the
+            # report names it: usually the reward actors on the same machine).
+            self._metrics["generate_cpu_frac"] = (time.process_time() - c0) / (gen_s * torch.get_num_threads())
         self._metrics["_gen_tokens"] = sum(len(r.tokens) for r in rows)
         return rows
 
