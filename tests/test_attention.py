@@ -29,7 +29,7 @@ def _packed(device="cpu"):
     return docs, tokens.to(device), positions.to(device), doc_ids.to(device)
 
 
-@pytest.mark.parametrize("backend", ["sdpa_mask", "sdpa_loop"])
+@pytest.mark.parametrize("backend", ["sdpa_docs", "sdpa_mask", "sdpa_loop"])
 def test_packed_logits_equal_documents_alone(backend):
     model = _model(backend)
     docs, tokens, positions, doc_ids = _packed()
@@ -54,7 +54,14 @@ def test_masking_changes_logits_when_documents_could_see_each_other():
 
 
 def test_backend_choice_on_cpu_and_forced_backend_refused():
-    assert choose_backend("auto", torch.device("cpu")) == "sdpa_mask"
+    """`auto` on CPU: sdpa_docs for rows of 256 tokens or more, sdpa_mask below (measured,
+    elastic/model/attention.py); a forced one is taken as it is."""
+    cpu = torch.device("cpu")
+    assert choose_backend("auto", cpu) == choose_backend("auto", cpu, seq_len=512) == "sdpa_docs"
+    assert choose_backend("auto", cpu, seq_len=256) == "sdpa_docs"
+    assert choose_backend("auto", cpu, seq_len=128) == "sdpa_mask"
+    assert choose_backend("sdpa_docs", cpu, seq_len=128) == "sdpa_docs"
+    assert choose_backend("sdpa_mask", cpu, seq_len=512) == "sdpa_mask"
     with pytest.raises(ValueError, match="model.attention"):
         choose_backend("flash_varlen", torch.device("cpu"))
 
@@ -88,6 +95,86 @@ def test_gradients_do_not_cross_documents():
     out[0, :5].sum().backward()
     assert emb.grad[0, 5:].abs().max() == 0
     assert emb.grad[0, :5].abs().max() > 0
+
+
+def _rows(*lens_per_row):
+    """doc_ids [B, T] from each row's document lengths (ids restart at 0 in every row)."""
+    return torch.stack([torch.cat([torch.full((n,), i) for i, n in enumerate(lens)]) for lens in lens_per_row])
+
+
+def _qkv_grads(backend, doc_ids, q, k, v, go, host_spans=False):
+    from elastic.model.attention import attention, host_doc_spans
+
+    q, k, v = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    spans = None
+    if host_spans:  # the training path: boundaries computed on the host by to_device
+        cu, longest = host_doc_spans(doc_ids.numpy())
+        spans = (torch.from_numpy(cu), longest)
+    out = attention(q, k, v, build_attention_metadata(doc_ids, backend, spans))
+    (out * go).sum().backward()
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+@pytest.mark.parametrize("hkv", [2, 4])  # GQA (4 query heads share 2 key/value heads) and MHA
+@pytest.mark.parametrize("rows", [
+    # many short documents of mixed buckets, a document of length 1, one whole-row document
+    ((3, 7, 1, 20, 5, 9, 2, 17), (64,), (1, 40, 23)),
+    ((64,), (64,)),  # every row one document: SDPA on the batch as it is
+    ((1,) * 64,),    # 64 documents of one token
+])
+def test_sdpa_docs_equals_the_reference_in_forward_and_gradients(rows, hkv):
+    """fp32 on CPU: outputs and the gradients of q, k, v agree with `sdpa_loop` (each document
+    alone) and `sdpa_mask` to 1e-5; buckets pad documents, padding changes nothing."""
+    doc_ids = _rows(*rows)
+    B, T, H, D = doc_ids.shape[0], doc_ids.shape[1], 4, 16
+    g = torch.Generator().manual_seed(0)
+    # [B, T, H, D] transposed, the layout the model hands attention
+    q = torch.randn(B, T, H, D, generator=g).transpose(1, 2)
+    k = torch.randn(B, T, hkv, D, generator=g).transpose(1, 2)
+    v = torch.randn(B, T, hkv, D, generator=g).transpose(1, 2)
+    go = torch.randn(B, H, T, D, generator=g)
+    got = _qkv_grads("sdpa_docs", doc_ids, q, k, v, go, host_spans=True)
+    assert torch.equal(got[0], _qkv_grads("sdpa_docs", doc_ids, q, k, v, go)[0])  # device spans: the same
+    for ref in ("sdpa_loop", "sdpa_mask"):
+        for a, b in zip(got, _qkv_grads(ref, doc_ids, q, k, v, go)):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def test_sdpa_docs_buckets():
+    """Four buckets per octave at most, padding under a quarter of a document (16 below 64)."""
+    from elastic.model.attention import bucket_length
+
+    assert bucket_length([1, 16, 17, 63, 64, 65, 80, 81, 129, 500, 512]).tolist() == [16, 16, 32, 64, 64, 80, 80, 96, 160, 512, 512]
+    meta = build_attention_metadata(_rows((3, 7, 1, 20, 5, 9, 2, 17), (64,)), "sdpa_docs")
+    assert meta.doc_buckets == [(16, 6), (32, 2), (64, 1)]
+    assert build_attention_metadata(_rows((64,), (64,)), "sdpa_docs").doc_buckets is None
+
+
+def test_model_loss_and_gradients_with_sdpa_docs_equal_sdpa_mask():
+    """The tiny test model on two packed rows: same loss and parameter gradients (fp32)."""
+    g = torch.Generator().manual_seed(3)
+    doc_ids = _rows((5, 17, 1, 9, 32), (64,))
+    tokens = torch.randint(0, ARGS.vocab_size, doc_ids.shape, generator=g)
+    positions = torch.cat([torch.cat([torch.arange(n) for n in lens]) for lens in ((5, 17, 1, 9, 32), (64,))]).view(2, 64)
+    results = []
+    for backend in ("sdpa_docs", "sdpa_mask"):
+        model = _model(backend).train()
+        logits = model(tokens, positions, doc_ids)
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (la, ga), (lb, gb) = results
+    torch.testing.assert_close(la, lb, atol=1e-6, rtol=0)
+    assert ga.keys() == gb.keys()
+    for n in ga:
+        torch.testing.assert_close(ga[n], gb[n], atol=1e-5, rtol=0, msg=n)
+
+
+def test_config_names_every_backend():
+    from elastic.config.load import ATTENTION_BACKENDS
+    from elastic.model import BACKENDS
+
+    assert ATTENTION_BACKENDS == ("auto", *BACKENDS)
 
 
 @pytest.mark.gpu

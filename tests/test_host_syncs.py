@@ -66,8 +66,9 @@ def _model(attention: str = "sdpa_mask"):
     return model
 
 
-def test_language_model_forward_backward_has_no_host_sync():
-    model = _model()
+@pytest.mark.parametrize("attention", ["sdpa_mask", "sdpa_docs"])
+def test_language_model_forward_backward_has_no_host_sync(attention):
+    model = _model(attention)
     gb = fixed_global_batch(0)
     mb = to_device({k: gb[k][:4] for k in ("tokens", "positions", "doc_ids", "labels")}, torch.device("cpu"))
     seen = _syncs(lambda: causal_lm_loss(model, mb).loss_sum.backward())

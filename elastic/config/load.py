@@ -74,7 +74,7 @@ def _check(cond: bool, key: str, msg: str) -> None:
         raise ConfigError(f"{key}: {msg}")
 
 
-ATTENTION_BACKENDS = ("auto", "flash_varlen", "torch_varlen", "flex", "sdpa_mask", "sdpa_loop")
+ATTENTION_BACKENDS = ("auto", "flash_varlen", "torch_varlen", "flex", "sdpa_docs", "sdpa_mask", "sdpa_loop")
 # Names of the elastic/rl registries (ADV_NORMS, KL_ESTIMATORS, LOSS_AGGS); config imports
 # nothing, so they are repeated here and tests/test_rl_math.py checks the two agree.
 RL_ADV_NORMS = ("group_std", "none")

@@ -122,7 +122,7 @@ class ModelSection:
     # *ForSequenceClassification with num_labels 1. With model.init_from a causal LM's backbone
     # gets a new head; a scalar-head source needs 1 here.
     num_labels: int = 0
-    # auto | flash_varlen | torch_varlen | flex | sdpa_mask | sdpa_loop
+    # auto | flash_varlen | torch_varlen | flex | sdpa_docs | sdpa_mask | sdpa_loop
     attention: str = "auto"
     # LoRA adapters for SFT, DPO and GRPO (needs model.init_from: the frozen base).
     lora: LoRASection = field(default_factory=LoRASection)

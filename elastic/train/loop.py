@@ -61,7 +61,7 @@ def build_model(cfg, device: torch.device) -> tuple[Transformer, ModelArgs, str]
     added (seeded, B = 0) and the base is frozen."""
     dims = resolved_model_dims(cfg)
     args = ModelArgs(**dims)
-    backend = choose_backend(cfg.model.attention, device, resolve_compile(cfg.train.compile, device))
+    backend = choose_backend(cfg.model.attention, device, resolve_compile(cfg.train.compile, device), cfg.data.seq_len)
     model = Transformer(args, attention_backend=backend)
     lora = lora_of(cfg)
     if lora is not None:
@@ -91,7 +91,7 @@ def build_sharded_model(cfg, device: torch.device, param_dtype: torch.dtype) -> 
     `build_model`'s for the same seed, bit for bit, at any world size."""
     dims = resolved_model_dims(cfg)
     args = ModelArgs(**dims)
-    backend = choose_backend(cfg.model.attention, device, resolve_compile(cfg.train.compile, device))
+    backend = choose_backend(cfg.model.attention, device, resolve_compile(cfg.train.compile, device), cfg.data.seq_len)
     with torch.device("meta"):
         model = Transformer(args, attention_backend=backend)
     lora = lora_of(cfg)
