@@ -4,6 +4,7 @@ Tolerance: fp32 on CPU, 1e-5 absolute on logits of magnitude ~1 (only summation 
 differs between the masked packed run and the per-document runs).
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -192,3 +193,42 @@ def test_cuda_backends_match_reference_in_bf16(backend):
         b = test(tokens, positions, doc_ids).float()
     # bf16 has ~3 significant digits; kernels differ in accumulation order.
     torch.testing.assert_close(a, b, atol=3e-2, rtol=3e-2)
+
+
+def test_padding_free_micro_batch_trains_like_the_padded_rows():
+    """LMJob under a per-document backend lays a micro-batch's real tokens in one row
+    (train/step.py padding_free): the loss and every parameter gradient equal those of the
+    padded rows, and two rows' documents stay apart (row 0 ends and row 1 starts with doc 0)."""
+    from elastic.data.packing import IGNORE, PAD_DOC
+    from elastic.train.step import causal_lm_loss, padding_free, to_device
+
+    g = np.random.default_rng(0)
+    rows = ((5, 11), (20,), (7, 1, 3))
+    T = 32
+    doc = np.full((len(rows), T), PAD_DOC, np.int64)
+    pos = np.zeros_like(doc)
+    for r, lens in enumerate(rows):
+        o = 0
+        for i, n in enumerate(lens):
+            doc[r, o:o + n], pos[r, o:o + n] = i, np.arange(n)
+            o += n
+    tokens = g.integers(0, ARGS.vocab_size, doc.shape)
+    labels = np.full_like(doc, IGNORE)
+    same = (doc[:, 1:] == doc[:, :-1]) & (doc[:, 1:] >= 0)
+    labels[:, :-1] = np.where(same, tokens[:, 1:], IGNORE)
+    mb = {"tokens": tokens, "positions": pos, "doc_ids": doc, "labels": labels}
+    flat = padding_free(mb)
+    n = sum(map(sum, rows))
+    assert all(v.shape == (1, n) for v in flat.values())
+    assert flat["doc_ids"][0].tolist() == sum(([d] * k for d, k in enumerate(x for r in rows for x in r)), [])
+    assert padding_free({k: v[1:2, :20] for k, v in mb.items()})["tokens"].shape == (1, 20)  # no padding: as is
+    results = []
+    for batch in (mb, flat):
+        model = _model("sdpa_docs").train()
+        out = causal_lm_loss(model, to_device(batch, torch.device("cpu")))
+        out.loss_sum.backward()
+        results.append((out.loss_sum.detach(), {k: p.grad for k, p in model.named_parameters()}))
+    (la, ga), (lb, gb) = results
+    torch.testing.assert_close(la, lb, atol=1e-5, rtol=1e-6)
+    for k in ga:
+        torch.testing.assert_close(ga[k], gb[k], atol=1e-5, rtol=1e-5, msg=k)

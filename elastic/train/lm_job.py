@@ -23,7 +23,8 @@ from elastic.data.pipeline import DataPlan
 from elastic.data.reader import RankBatches, SampleStream, first_samples
 from elastic.train.job import Job, Update, WorkerContext
 from elastic.data.packing import IGNORE
-from elastic.train.step import LossFn, causal_lm_loss, label_count, split_micro, to_device
+from elastic.train.step import (PER_DOCUMENT_BACKENDS, LossFn, causal_lm_loss, label_count, padding_free, split_micro,
+                                to_device)
 
 
 class LMJob(Job):
@@ -47,12 +48,18 @@ class LMJob(Job):
         self.batches = RankBatches(stream, cursor, self.B, ctx.rank, ctx.world_size, cfg.data.prefetch_steps)
         self.bad_total = BadRows.from_dict(state.get("bad_rows", {}), keep=self.plan.report_bad_rows)
         self._eval_cache = None
+        # Per-document attention: each micro-batch trains its real tokens only, in one row
+        # (the SFT job's rows were ~11% padding: that much less compute per step).
+        self.padding_free = getattr(ctx.model, "attention_backend", None) in PER_DOCUMENT_BACKENDS
 
     def updates(self, step: int) -> Iterator[Update]:
         b = self.batches.next()
         self.bad_total.merge(b.bad_rows)  # the whole global batch's, identical on every rank
         local = {k: b.rows[k] for k in ("tokens", "positions", "doc_ids", "labels")}
-        yield Update(micro_batches=split_micro(local, self.micro), units=label_count(local),
+        micro = split_micro(local, self.micro)
+        if self.padding_free:
+            micro = [padding_free(mb) for mb in micro]
+        yield Update(micro_batches=micro, units=label_count(local),
                      tokens=int(b.rows["n_real"].sum()), sample_ids=b.rows["sample_id"].tolist())
 
     def loss_fn(self) -> LossFn:

@@ -91,6 +91,32 @@ def split_micro(rows: Dict[str, np.ndarray], micro_batch_size: int) -> List[Dict
     return [{k: v[i:i + micro_batch_size] for k, v in rows.items()} for i in range(0, n, micro_batch_size)]
 
 
+# Backends that compute each document apart (no [T, T] score matrix per row): a micro-batch's
+# documents may be laid out in one row with its padding dropped.
+PER_DOCUMENT_BACKENDS = ("sdpa_docs",)
+
+
+def padding_free(mb: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+    """A packed micro-batch ([b, T] tokens, positions, doc_ids, labels) as one row [1, N] of its
+    N real tokens: padding (doc id < 0) dropped, documents renumbered so that two rows'
+    documents stay apart. Under a per-document attention backend every document attends to
+    itself only either way, and positions and labels travel with their tokens, so the loss and
+    the gradients are those of the padded rows (to float summation order) while no compute is
+    spent on padding (what TRL calls padding-free). Rows without padding, or with nothing but
+    padding, are returned as they are."""
+    doc = mb["doc_ids"]
+    keep = doc >= 0
+    if keep.all() or not keep.any():
+        return mb
+    row = np.broadcast_to(np.arange(doc.shape[0])[:, None], doc.shape)[keep]
+    d = doc[keep]
+    start = np.ones(len(d), dtype=bool)
+    start[1:] = (d[1:] != d[:-1]) | (row[1:] != row[:-1])
+    out = {k: v[keep][None] for k, v in mb.items() if k != "doc_ids"}
+    out["doc_ids"] = (np.cumsum(start) - 1).astype(doc.dtype)[None]
+    return out
+
+
 @dataclass
 class StepOutput:
     stats: Dict[str, float]  # summed over micro-batches and ranks
