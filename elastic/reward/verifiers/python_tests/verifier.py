@@ -91,6 +91,11 @@ HARNESS = Path(__file__).with_name("harness.py")
 INTERPRETER_FLAGS = ("-I", "-S", "-B")  # isolated (no PYTHON* env, no user site), no site, no .pyc writes
 STARTUP_S = 2.0  # wall allowance beyond the tests' own limits: interpreter start, harness, teardown
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"  # the sandbox's PATH (sandbox._clean_env)
+# Under bubblewrap: the harness is the PID namespace's init, so nothing in the sandbox but it
+# holds stdin (the tests, the nonce) and the report channel (bwrap's own init did, dumpable:
+# a program read the nonce from /proc/1/fd/0 and wrote a pass to /proc/1/fd/1); only /tmp,
+# the working directory and /dev/shm are writable (/proc/sys was, with the host's uid 0).
+SANDBOX_LAYOUT = {"as_pid_1": True, "readonly_root": True}
 
 
 @dataclass
@@ -372,7 +377,8 @@ class _HarnessRun:
         self.stdin = _StdinFile(sandbox.scratch_root)
         try:
             self.run = sandbox.prepare(argv, Path(harness).parent, limits, stdin_path=Path(self.stdin.name),
-                                       tmpfs_workdir=True, files={"harness.py": Path(harness)}, setup_ahead=True)
+                                       tmpfs_workdir=True, files={"harness.py": Path(harness)}, setup_ahead=True,
+                                       **SANDBOX_LAYOUT)
         except BaseException:
             self.stdin.close()
             raise
