@@ -167,7 +167,7 @@ def test_mbpp_tasks(settings, i):
     assert r.reason.startswith(f"test_{first}: ") and all(t.status == "skipped" for t in r.tests[first + 1:])
 
 
-@pytest.mark.parametrize("program,status,reason", [
+FAILURES = [
     ("def add(a, b)\n    return a + b\n", "syntax_error", "SyntaxError"),
     ("def add(a, b):\n\treturn a +\n", "syntax_error", "SyntaxError"),
     ("import no_such_module_xyz\ndef add(a, b):\n    return a + b\n", "runtime_error", "ModuleNotFoundError"),
@@ -176,7 +176,10 @@ def test_mbpp_tasks(settings, i):
     ("def add(a, b):\n    return str(a + b)\n", "wrong_answer", "assert add(1, 2) == 3 failed"),
     ("def add(a, b):\n    raise KeyboardInterrupt\n", "runtime_error", "KeyboardInterrupt"),
     ("def sub(a, b):\n    return a - b\n", "runtime_error", "NameError"),
-])
+]
+
+
+@pytest.mark.parametrize("program,status,reason", FAILURES)
 def test_program_failures_are_classified(settings, program, status, reason):
     """An exception raised by the program's own code is runtime_error (its own AssertionError
     included); an assertion of the test's is wrong_answer."""
@@ -403,7 +406,7 @@ def test_only_the_scratch_mounts_are_writable(settings):
     assert r.status == "ok", r.reason
 
 
-@pytest.mark.parametrize("name,program,expected", [
+HOSTILE_CONTAINED = [
     ("infinite_loop", "def add(a, b):\n    while True:\n        pass\n", {"timeout"}),
     ("infinite_loop_at_import", "while True:\n    pass\n", {"timeout"}),
     ("sleeps", "import time\ndef add(a, b):\n    time.sleep(60)\n", {"timeout"}),
@@ -423,7 +426,10 @@ def test_only_the_scratch_mounts_are_writable(settings):
                     "            f.write(b'x' * (1 << 16))\n", {"runtime_error"}),
     ("daemonizes", "import os, time\nif os.fork() == 0:\n    os.setsid()\n    while True: time.sleep(1)\n"
                    "def add(a, b):\n    return a + b\n", {"ok"}),
-])
+]
+
+
+@pytest.mark.parametrize("name,program,expected", HOSTILE_CONTAINED)
 def test_hostile_programs_are_contained(settings, name, program, expected):
     cg = detect().cgroups
     if name.startswith(("fork_bomb", "memory_hog")) and not (cg is not None and cg.pids and cg.memory):
