@@ -87,7 +87,8 @@ limits are the sandbox's, as for one program, plus one process (the supervisor).
 that remain: a program can tell the two modes apart (its parent is not PID 1; its memory holds
 earlier programs' sources) and so choose to behave differently, which only changes its own
 verdict; the programs of a batch share one interpreter start, so one string-hash seed (a
-program whose result depends on set order is nondeterministic alone too); the supervisor's
+program whose result depends on set order is nondeterministic alone too), and find a few
+stateless modules already imported (``harness.WARM_MODULES``: typing...); the supervisor's
 ~10 MB count toward the memory cgroup (a program near it is OOM-killed sooner, then re-run
 alone); kernel state outside the writable places that cannot be listed (keyrings, sockets in
 TIME_WAIT on loopback) can reach only a later program that uses the same facility.
