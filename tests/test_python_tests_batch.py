@@ -300,3 +300,75 @@ def test_weak_isolation_evaluates_each_program_alone(settings, alone):
         assert alone == ["a", "b"]  # no PID namespace of its own: no supervisor
     finally:
         sb.close()
+
+
+# -- the reward pool: python_tests items go to an actor in batches -----------------------------------
+def _add_tasks():
+    from elastic.reward.tasks import Task
+
+    return {"add": Task("add", "Write add(a, b).", tests=ADD)}
+
+
+def test_pool_sends_batches_and_keeps_single_verdicts(ray_local, tmp_path):
+    from elastic.config.schema import RewardSection
+    from elastic.reward.pool import RewardPool
+
+    section = RewardSection(kind="python_tests", num_actors=2, batch_size=4, cache_dir=str(tmp_path))
+    programs = ([CORRECT_ADD + f"# {i}\n" for i in range(5)] + ["def add(a, b):\n    return a - b\n"]
+                + [HOSTILE_WRONG[n] for n in ("kill_harness", "forge_via_init", "fake_pass_lines", "os_exit_in_call",
+                                               "close_report_channel", "always_equal")])
+    items = [("add", f"```python\n{p}```") for p in programs] + [("add", "```c\nint main(void) { return 0; }\n```")]
+    pool = RewardPool(section, tasks=_add_tasks())
+    try:
+        got = pool.evaluate_batch(items)
+        stats = pool.stats()
+    finally:
+        pool.shutdown()
+    settings = EvalSettings.from_section(section)
+    alone = [evaluate_python("add", ADD, c, settings) for _, c in items]
+    assert [(r.status, r.reason) for r in got] == [(r.status, r.reason) for r in alone]
+    assert [r.status for r in got[:6]] == ["ok"] * 5 + ["wrong_answer"]
+    assert stats["batches"] >= 2 and 1 < stats["mean_batch"] <= 4, stats
+    assert stats["evaluations"] == len(programs) and stats["immediate"] == 1
+
+
+def _evaluating_many():
+    from tests.reward_helpers import own_process
+
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                argv0 = (d / "cmdline").read_bytes().split(b"\0")[0]
+            except OSError:
+                continue
+            if argv0 == b"ray::RewardActor.evaluate_many" and own_process(int(d.name)):
+                found.append(int(d.name))
+    return found
+
+
+def test_a_batch_whose_actor_dies_is_retried_item_by_item(ray_local, tmp_path):
+    import threading
+
+    from elastic.config.schema import RewardSection
+    from elastic.reward.pool import RewardPool
+    from tests.reward_helpers import kill_pid
+
+    section = RewardSection(kind="python_tests", num_actors=1, batch_size=8, max_retries=2, cache_dir=str(tmp_path))
+    slow = "import time\ndef add(a, b):\n    time.sleep(0.2)\n    return a + b\n"
+    items = [("add", f"```python\n{slow}# {i}\n```") for i in range(6)]
+    pool = RewardPool(section, tasks=_add_tasks())
+    out = {}
+    try:
+        th = threading.Thread(target=lambda: out.setdefault("r", pool.evaluate_batch(items)))
+        th.start()
+        assert wait_until(_evaluating_many, timeout_s=120), "no actor started a batch"
+        kill_pid(_evaluating_many()[0])  # SIGKILL mid-batch
+        th.join(timeout=300)
+        got = out["r"]
+        stats = pool.stats()
+    finally:
+        pool.shutdown()
+    assert [r.status for r in got] == ["ok"] * 6, [(r.status, r.reason) for r in got]
+    assert pool.replaced >= 1 and all(r.attempts == 2 for r in got)  # all of the batch, retried once each
+    assert stats["batches"] == 1 and stats["retries"] == 6, stats  # ...one by one, not as a batch again

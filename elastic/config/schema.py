@@ -261,6 +261,11 @@ class RewardSection:
     # Empty: none requested.
     actor_resource: str = ""
     max_in_flight_per_actor: int = 2
+    # python_tests: up to this many programs per actor call, run in one sandbox by one warm
+    # harness (harness.py --batch) instead of one sandbox and one interpreter start each
+    # (bench/python_tests_throughput.py). The pool sends what is pending, never waiting to fill
+    # a batch; 1: one program per call, as before.
+    batch_size: int = 8
     item_deadline_s: float = 120.0
     max_retries: int = 2
     # Identical programs (same problem, language and extracted source) among the last
