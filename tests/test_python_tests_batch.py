@@ -372,3 +372,43 @@ def test_a_batch_whose_actor_dies_is_retried_item_by_item(ray_local, tmp_path):
     assert [r.status for r in got] == ["ok"] * 6, [(r.status, r.reason) for r in got]
     assert pool.replaced >= 1 and all(r.attempts == 2 for r in got)  # all of the batch, retried once each
     assert stats["batches"] == 1 and stats["retries"] == 6, stats  # ...one by one, not as a batch again
+
+
+IPC_MAKER = r'''
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+ids = [libc.shmget(0x5eed, 1 << 20, 0o1666), libc.semget(0x5eee, 4, 0o1666), libc.msgget(0x5eef, 0o1666)]
+shm = libc.shmat(ids[0], None, 0)
+mq = libc.mq_open(b"/left", os.O_CREAT | os.O_RDWR, 0o600, None)  # refused: RLIMIT_MSGQUEUE 0, in both modes
+with open('/dev/shm/left', 'w') as f:
+    f.write('x' * 4096)
+
+
+def made():
+    return [i >= 0 for i in ids] + [mq == -1]
+
+
+def add(a, b):
+    return a + b
+'''
+
+IPC_PROBE = r'''
+import os
+
+
+def probe():
+    return [len(open(f'/proc/sysvipc/{k}').readlines()) for k in ('shm', 'sem', 'msg')] + [os.listdir('/dev/shm')]
+
+
+def add(a, b):
+    return a + b
+'''
+
+
+def test_ipc_objects_and_shared_memory_do_not_carry_over(settings, alone):
+    maker = dataclasses.replace(ADD, test_list=ADD.test_list + ["assert made() == [True, True, True, True]"])
+    probe = dataclasses.replace(ADD, test_list=ADD.test_list + ["assert probe() == [1, 1, 1, []]"])
+    got = evaluate_python_batch([("maker", maker, IPC_MAKER), ("probe", probe, IPC_PROBE)], settings)
+    assert [(r.problem_id, r.status) for r in got] == [("maker", "ok"), ("probe", "ok")], [r.reason for r in got]
+    assert alone == []
+    assert evaluate_python("maker", maker, IPC_MAKER, settings).status == "ok"  # the same alone
