@@ -412,3 +412,25 @@ def test_ipc_objects_and_shared_memory_do_not_carry_over(settings, alone):
     assert [(r.problem_id, r.status) for r in got] == [("maker", "ok"), ("probe", "ok")], [r.reason for r in got]
     assert alone == []
     assert evaluate_python("maker", maker, IPC_MAKER, settings).status == "ok"  # the same alone
+
+
+def test_a_batch_over_its_deadline_is_retried_alone_then_a_sandbox_error(ray_local, tmp_path):
+    """A batch's deadline is item_deadline_s per item: breached, the actor is replaced and each
+    item is retried alone (under its own deadline), then reported sandbox_error, never a verdict."""
+    from elastic.config.schema import RewardSection
+    from elastic.reward.pool import RewardPool
+    from elastic.reward.tasks import Task
+
+    slow_spec = PythonTests(test_list=["assert add(1, 2) == 3"], time_limit_s=5.0)
+    section = RewardSection(kind="python_tests", num_actors=1, batch_size=8, item_deadline_s=1.0, max_retries=1,
+                            dedup_window=0, cache_dir=str(tmp_path))
+    pool = RewardPool(section, tasks={"slow": Task("slow", "Write add(a, b).", tests=slow_spec)})
+    slow = "import time\ndef add(a, b):\n    time.sleep(1.6)\n    return a + b\n"
+    try:
+        got = pool.evaluate_batch([("slow", f"```python\n{slow}```")] * 2)
+        stats = pool.stats()
+    finally:
+        pool.shutdown()
+    assert [r.status for r in got] == ["sandbox_error"] * 2 and all(r.attempts == 2 for r in got)
+    assert all("item deadline 1s exceeded" in r.reason for r in got), [r.reason for r in got]  # the retry: alone
+    assert stats["batches"] == 1 and stats["retries"] == 2 and pool.replaced >= 2, (stats, pool.replaced)
