@@ -167,7 +167,7 @@ def test_mbpp_tasks(settings, i):
     assert r.reason.startswith(f"test_{first}: ") and all(t.status == "skipped" for t in r.tests[first + 1:])
 
 
-@pytest.mark.parametrize("program,status,reason", [
+FAILURES = [
     ("def add(a, b)\n    return a + b\n", "syntax_error", "SyntaxError"),
     ("def add(a, b):\n\treturn a +\n", "syntax_error", "SyntaxError"),
     ("import no_such_module_xyz\ndef add(a, b):\n    return a + b\n", "runtime_error", "ModuleNotFoundError"),
@@ -176,7 +176,10 @@ def test_mbpp_tasks(settings, i):
     ("def add(a, b):\n    return str(a + b)\n", "wrong_answer", "assert add(1, 2) == 3 failed"),
     ("def add(a, b):\n    raise KeyboardInterrupt\n", "runtime_error", "KeyboardInterrupt"),
     ("def sub(a, b):\n    return a - b\n", "runtime_error", "NameError"),
-])
+]
+
+
+@pytest.mark.parametrize("program,status,reason", FAILURES)
 def test_program_failures_are_classified(settings, program, status, reason):
     """An exception raised by the program's own code is runtime_error (its own AssertionError
     included); an assertion of the test's is wrong_answer."""
@@ -304,6 +307,20 @@ HOSTILE_WRONG = {
                        "                         [b'S 3', b'T 0 ok 0 ', b'T 1 ok 0 ', b'T 2 ok 0 ', b'E 3']))\n"
                        "    except OSError: pass\n"
                        "    os._exit(0)\n"),
+    # bwrap's own init (PID 1 when the harness is not) kept the harness's stdin (the tests and
+    # the nonce) and the report pipe open, and was dumpable: this passed until the harness
+    # became the sandbox's init.
+    "forge_via_init": ("import os, marshal\n"
+                       "def add(a, b):\n"
+                       "    data = open('/proc/1/fd/0', 'rb').read()\n"
+                       "    n = int.from_bytes(data[:4], 'big')\n"
+                       "    m = int.from_bytes(data[4 + n:8 + n], 'big')\n"
+                       "    nonce = marshal.loads(data[8 + n:8 + n + m])['nonce'].encode()\n"
+                       "    w = os.open('/proc/1/fd/1', os.O_WRONLY)\n"
+                       "    os.write(w, b''.join(b'@%s %s\\n' % (nonce, x) for x in\n"
+                       "                         [b'T 0 ok 0 ', b'T 1 ok 0 ', b'T 2 ok 0 ', b'E 3']))\n"
+                       "    os.kill(os.getppid(), 9)\n"
+                       "    os._exit(0)\n"),
     "swallow_timeout": ("def add(a, b):\n"
                         "    while True:\n"
                         "        try:\n"
@@ -318,9 +335,13 @@ def test_hostile_wrong_programs_never_pass(settings, name):
     assert r.status != "ok" and r.status != "sandbox_error" and r.reward == settings.failure_reward, (name, r.reason)
     if name.startswith("always_equal"):
         assert r.status == "wrong_answer" and "returned a non-builtin value" in r.reason, r.reason
-    if name.startswith(("sys_exit", "os_exit", "kill", "fake_pass", "forge")):
+    if name.startswith(("sys_exit", "os_exit", "fake_pass", "forge")):
         assert r.status == "runtime_error", (r.status, r.reason)
-    if name in ("stop_harness", "swallow_timeout"):
+    if name in ("kill_harness", "stop_harness"):  # the harness is the sandbox's init: the signal never reaches it
+        assert r.status == "wrong_answer", (r.status, r.reason)
+    if name == "kill_everyone":  # kill(-1) spares init and the caller: nothing to signal
+        assert r.status == "runtime_error" and "ProcessLookupError" in r.reason, (r.status, r.reason)
+    if name == "swallow_timeout":
         assert r.status == "timeout", r.reason
     in_run_cgroup(r)
     assert wait_until(lambda: harness_processes() == [], 10), harness_processes()
@@ -337,25 +358,55 @@ def test_monkeypatched_modules_do_not_reach_the_tests(settings):
 
 
 def test_the_program_cannot_reach_the_harness_through_proc(settings):
-    """The harness is non-dumpable and the sandbox has no capabilities: its memory and its
-    descriptors (the report channel) are out of the program's reach ("blocked" passes)."""
+    """The harness is non-dumpable, the sandbox's init, and the sandbox has no capabilities:
+    no process of the sandbox but the program's own lets it at its memory or its descriptors
+    (stdin with the tests and the nonce, the report channel): "blocked" passes."""
     spec = PythonTests(test_list=["assert probe() == 'blocked'"], time_limit_s=2.0)
     prog = ("import os\n"
             "def probe():\n"
-            "    ppid = os.getppid()\n"
-            "    for path, flags in ((f'/proc/{ppid}/mem', os.O_RDONLY), (f'/proc/{ppid}/fd/1', os.O_WRONLY),\n"
-            "                        (f'/proc/{ppid}/fd/0', os.O_RDONLY), (f'/proc/{ppid}/environ', os.O_RDONLY)):\n"
-            "        try:\n"
-            "            os.close(os.open(path, flags))\n"
-            "            return 'opened ' + path\n"
-            "        except OSError:\n"
-            "            pass\n"
+            "    me = os.getpid()\n"
+            "    others = [p for p in os.listdir('/proc') if p.isdigit() and int(p) != me]\n"
+            "    if str(os.getppid()) not in others:\n"
+            "        return 'the harness is not visible'\n"
+            "    for pid in others:\n"
+            "        for path, flags in ((f'/proc/{pid}/mem', os.O_RDONLY), (f'/proc/{pid}/fd/1', os.O_WRONLY),\n"
+            "                            (f'/proc/{pid}/fd/0', os.O_RDONLY), (f'/proc/{pid}/environ', os.O_RDONLY)):\n"
+            "            try:\n"
+            "                os.close(os.open(path, flags))\n"
+            "                return 'opened ' + path\n"
+            "            except OSError:\n"
+            "                pass\n"
             "    return 'blocked'\n")
     r = run(spec, prog, settings)
     assert r.status == "ok", r.reason
 
 
-@pytest.mark.parametrize("name,program,expected", [
+def test_only_the_scratch_mounts_are_writable(settings):
+    """/, /etc, /dev and /proc/sys are read-only (the sandbox's uid 0 is the host's: a writable
+    /proc/sys let a program set the host's sysctls); /tmp, the working directory and /dev/shm
+    (POSIX shared memory, semaphores) are the program's."""
+    spec = PythonTests(test_list=["assert probe() == ['/dev/shm', '/tmp', '/sandbox']"], time_limit_s=2.0)
+    prog = ("import os\n"
+            "def probe():\n"
+            "    ok = []\n"
+            "    for d in ('/', '/etc', '/dev', '/dev/shm', '/tmp', '/sandbox', '/usr'):\n"
+            "        try:\n"
+            "            open(d + '/probe', 'w').close()\n"
+            "            ok.append(d)\n"
+            "        except OSError:\n"
+            "            pass\n"
+            "    for f in ('/proc/sys/kernel/hostname', '/proc/sys/vm/swappiness'):\n"
+            "        try:\n"
+            "            os.close(os.open(f, os.O_WRONLY))\n"
+            "            ok.append(f)\n"
+            "        except OSError:\n"
+            "            pass\n"
+            "    return ok\n")
+    r = run(spec, prog, settings)
+    assert r.status == "ok", r.reason
+
+
+HOSTILE_CONTAINED = [
     ("infinite_loop", "def add(a, b):\n    while True:\n        pass\n", {"timeout"}),
     ("infinite_loop_at_import", "while True:\n    pass\n", {"timeout"}),
     ("sleeps", "import time\ndef add(a, b):\n    time.sleep(60)\n", {"timeout"}),
@@ -375,7 +426,10 @@ def test_the_program_cannot_reach_the_harness_through_proc(settings):
                     "            f.write(b'x' * (1 << 16))\n", {"runtime_error"}),
     ("daemonizes", "import os, time\nif os.fork() == 0:\n    os.setsid()\n    while True: time.sleep(1)\n"
                    "def add(a, b):\n    return a + b\n", {"ok"}),
-])
+]
+
+
+@pytest.mark.parametrize("name,program,expected", HOSTILE_CONTAINED)
 def test_hostile_programs_are_contained(settings, name, program, expected):
     cg = detect().cgroups
     if name.startswith(("fork_bomb", "memory_hog")) and not (cg is not None and cg.pids and cg.memory):

@@ -9,8 +9,15 @@ One mechanism serves both callers: :meth:`RewardPool.submit` enqueues a completi
   plus, when ``reward.actor_resource`` is set, 0.01 of that custom resource: the resource is
   a *label* ("this node may host reward actors", e.g. ``ray start --resources
   '{"reward": 1}'``); CPUs bound how many land on a node, the label only decides where.
-* At most ``max_in_flight_per_actor`` items are queued on each actor (bounded memory, and no
+* At most ``max_in_flight_per_actor`` calls are queued on each actor (bounded memory, and no
   long tail stuck behind one slow actor); the rest wait in the pool's queue.
+* Batches: when a verifier scores several completions at once cheaper than one by one
+  (``python_tests``: one sandbox and one interpreter for the batch), a call carries up to
+  ``reward.batch_size`` items, whatever is pending (spread over the free actors; the pool
+  never waits to fill a batch), through ``RewardActor.evaluate_many``: no Ray round trip per
+  item. A batch's deadline is ``item_deadline_s`` per item, at most half of
+  ``unavailable_after_s``; the items of a batch whose actor died or breached it are retried
+  one by one, each counting its own attempts.
 * Dedup: the program is extracted here, and identical programs (same problem, language and
   source) are evaluated once: a submission joins an evaluation in flight or copies a result
   among the last ``dedup_window`` distinct programs (``Result.dedup`` marks copies). A
@@ -49,7 +56,8 @@ from elastic.reward.verifiers.code_opt.problems import Problem, load_problems
 from elastic.reward.result import STATUSES, Result
 from elastic.reward.settings import EvalSettings
 from elastic.reward.tasks import Task, tasks_from_problems
-from elastic.reward.verifiers.registry import Env, RewardSpec, empty_result, identities, score, spec_from_section
+from elastic.reward.verifiers.registry import (Env, RewardSpec, batched, empty_result, identities, score, score_many,
+                                               spec_from_section)
 
 log = logging.getLogger("elastic.reward")
 RESOURCE_AMOUNT = 0.01
@@ -87,6 +95,14 @@ class RewardActor:
         if cpu is not None:
             os.sched_setaffinity(0, {cpu})
         return score(task, completion, self.spec, self.env)
+
+    def evaluate_many(self, completions: List[str], *tasks: Task) -> List[Result]:
+        """``evaluate`` of each (tasks[i], completions[i]), in order, scored as one batch (the
+        tasks come as arguments so that Ray resolves their object references)."""
+        cpu = self.settings.pinned_cpu()
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+        return score_many(list(zip(tasks, completions)), self.spec, self.env)
 
 
 SANDBOXED = {"code_opt", "python_tests"}  # verifiers that run untrusted programs
@@ -139,7 +155,9 @@ class RewardPool:
         self._load = [0] * section.num_actors
         self._queue: Deque[_Job] = collections.deque()
         self._jobs: Dict[str, _Job] = {}  # program key -> job queued or in flight
-        self._in_flight: Dict[Any, Tuple[_Job, int, int, float]] = {}  # ref -> (job, slot, gen, dispatched)
+        # ref -> (jobs, slot, gen, deadline, batched call)
+        self._in_flight: Dict[Any, Tuple[List[_Job], int, int, float, bool]] = {}
+        self.batch_size = max(1, section.batch_size) if batched(self.spec) else 1
         self._recent: "collections.OrderedDict[str, Result]" = collections.OrderedDict()  # dedup window
         self._ready: List[Tuple[Hashable, Result]] = []
         self._batch_ids = itertools.count()
@@ -160,7 +178,8 @@ class RewardPool:
     def failure_limit(self) -> int:
         """Consecutive failed attempts (no success between) after which the pool is gone:
         every actor failing every retry of a full load of items, twice over."""
-        return 2 * self.section.num_actors * self.section.max_in_flight_per_actor * (self.section.max_retries + 1)
+        return (2 * self.section.num_actors * self.section.max_in_flight_per_actor * self.batch_size
+                * (self.section.max_retries + 1))
 
     def _start(self, slot: int) -> None:
         # Nice 0, not Ray's worker default of 15: an actor times programs by the wall clock, and
@@ -199,8 +218,11 @@ class RewardPool:
         with self._lock:
             return len(self._jobs) + len(self._ready)
 
-    def submit(self, token: Hashable, problem_id: str, completion: str) -> None:
-        """Enqueue one completion; its Result comes out of :meth:`poll` as ``(token, Result)``."""
+    def submit(self, token: Hashable, problem_id: str, completion: str, dispatch: bool = True) -> None:
+        """Enqueue one completion; its Result comes out of :meth:`poll` as ``(token, Result)``.
+        With `dispatch` False it waits in the queue for :meth:`dispatch` or :meth:`poll` (a
+        caller with several completions at hand enqueues them all first, so they can share
+        batches)."""
         with self._lock:
             self._raise_if_broken()
             self.counts["submitted"] += 1
@@ -234,6 +256,13 @@ class RewardPool:
             job = _Job(key, problem_id, completion, lang, [token])
             self._jobs[key] = job
             self._queue.append(job)
+            if dispatch:
+                self._dispatch()
+
+    def dispatch(self) -> None:
+        """Send queued work to free actors now."""
+        with self._lock:
+            self._raise_if_broken()
             self._dispatch()
 
     def poll(self, timeout_s: float) -> List[Tuple[Hashable, Result]]:
@@ -248,7 +277,7 @@ class RewardPool:
                 return self._take_ready()
             refs = list(self._in_flight)
             now = time.monotonic()
-            nearest = min(t for (_, _, _, t) in self._in_flight.values()) + self.section.item_deadline_s
+            nearest = min(d for (_, _, _, d, _) in self._in_flight.values())
             wait_s = max(0.0, min(timeout_s, nearest - now, self._progress_t + self.section.unavailable_after_s - now))
         ready, _ = ray.wait(refs, num_returns=1, timeout=wait_s)  # unlocked: submitters go on meanwhile
         if ready:
@@ -258,25 +287,36 @@ class RewardPool:
                 entry = self._in_flight.pop(ref, None)
                 if entry is None:  # collected by another poller, or expired
                     continue
-                job, slot, gen, _ = entry
+                jobs, slot, gen, _, many = entry
                 self._load[slot] -= 1
                 try:
-                    r = ray.get(ref)
+                    got = ray.get(ref)
                 except ray.exceptions.RayError as e:
                     text = str(e).strip()
                     why = f"{type(e).__name__}: {text.splitlines()[0][:200] if text else ''}"
                     self._replace(slot, gen, why)
-                    self._infra_failure(job, slot, why)
+                    for job in jobs:
+                        self._infra_failure(job, slot, why)
                     continue
-                self._finish(job, r)
+                rs = got if many else [got]
+                if len(rs) != len(jobs):  # a bug, never a verdict: retried like a dead actor's
+                    why = f"actor returned {len(rs)} results for {len(jobs)} items"
+                    self._replace(slot, gen, why)
+                    for job in jobs:
+                        self._infra_failure(job, slot, why)
+                    continue
+                for job, r in zip(jobs, rs):
+                    self._finish(job, r)
             now = time.monotonic()
-            for ref, (job, slot, gen, t) in list(self._in_flight.items()):
-                if now - t > self.section.item_deadline_s and ref in self._in_flight:
+            for ref, (jobs, slot, gen, deadline, _) in list(self._in_flight.items()):
+                if now > deadline and ref in self._in_flight:
                     del self._in_flight[ref]
                     self._load[slot] -= 1
-                    why = f"item deadline {self.section.item_deadline_s:g}s exceeded"
+                    why = (f"item deadline {self.section.item_deadline_s:g}s exceeded" if len(jobs) == 1 else
+                           f"batch deadline {self._deadline_s(len(jobs)):g}s exceeded ({len(jobs)} items)")
                     self._replace(slot, gen, why)
-                    self._infra_failure(job, slot, why)
+                    for job in jobs:
+                        self._infra_failure(job, slot, why)
                     # the actor's other items fail with RayActorError and are retried too
             self._check_health(now)
             self._dispatch()
@@ -288,7 +328,7 @@ class RewardPool:
         batch = next(self._batch_ids)
         results: List[Optional[Result]] = [None] * len(items)
         for i, (pid, completion) in enumerate(items):
-            self.submit(("batch", batch, i), pid, completion)
+            self.submit(("batch", batch, i), pid, completion, dispatch=False)
         left = len(items)
         while left:
             for token, r in self.poll(5.0):
@@ -307,10 +347,29 @@ class RewardPool:
             job = self._queue[0]
             other = [s for s in free if s != job.last_slot] or free  # retry elsewhere when possible
             slot = min(other, key=lambda s: self._load[s])
-            self._queue.popleft()
-            ref = self.actors[slot].evaluate.remote(self._task_ref(job.problem_id), job.completion)
-            self._in_flight[ref] = (job, slot, self._gen[slot], time.monotonic())
+            # what is pending, spread over the free actors; never waiting for more. A retried
+            # item goes alone: a batch's failure must not keep failing its neighbours.
+            want = min(self.batch_size, -(-len(self._queue) // len(free)))
+            jobs = [self._queue.popleft()]
+            while len(jobs) < want and job.attempts == 0 and self._queue and self._queue[0].attempts == 0:
+                jobs.append(self._queue.popleft())
+            n = len(jobs)
+            if n == 1:
+                ref = self.actors[slot].evaluate.remote(self._task_ref(job.problem_id), job.completion)
+            else:
+                ref = self.actors[slot].evaluate_many.remote([j.completion for j in jobs],
+                                                             *[self._task_ref(j.problem_id) for j in jobs])
+                self.counts["batches"] += 1
+                self.counts["batched_items"] += n
+            deadline = time.monotonic() + self._deadline_s(n)
+            self._in_flight[ref] = (jobs, slot, self._gen[slot], deadline, n > 1)
             self._load[slot] += 1
+
+    def _deadline_s(self, n: int) -> float:
+        """An actor call's deadline: ``item_deadline_s`` per item, but a stuck batch is replaced
+        within half of ``unavailable_after_s`` (before the pool would declare itself gone)."""
+        sec = self.section
+        return max(sec.item_deadline_s, min(sec.item_deadline_s * n, sec.unavailable_after_s / 2))
 
     def _infra_failure(self, job: _Job, slot: int, why: str) -> None:
         job.attempts += 1
@@ -398,7 +457,9 @@ class RewardPool:
                 "replaced_actors": self.replaced,
                 "evals_per_s": len(self._done_times) / window,
                 "queue_length": len(self._queue),
-                "in_flight": len(self._in_flight),
+                "in_flight": sum(len(jobs) for jobs, *_ in self._in_flight.values()),
+                "batches": self.counts["batches"],
+                "mean_batch": self.counts["batched_items"] / self.counts["batches"] if self.counts["batches"] else 0.0,
                 "busy_actors": sum(1 for n in self._load if n > 0),
                 "actors": len(self.actors),
                 "dedup_window_size": len(self._recent),

@@ -19,9 +19,11 @@ flight does nothing, so a restarted train worker may resubmit its step's complet
 The service actor takes no CPU (``num_cpus=0``): it is a dispatcher. Its threads serve
 submit/results/stats/forget concurrently (``max_concurrency``); one more thread feeds the
 pool continuously through the same ``RewardPool.submit``/``poll`` mechanism that
-``evaluate_batch`` uses. Results keep the pool's semantics: infrastructure failures are
-retried, after ``max_retries`` reported as ``sandbox_error`` (never a program verdict), dead
-pool actors are replaced.
+``evaluate_batch`` uses. The items of one ``submit`` are queued together, so that batched
+verifiers (``python_tests``) get them in batches of up to ``reward.batch_size`` per actor call.
+Results keep the pool's semantics: infrastructure failures are retried, after
+``max_retries`` reported as ``sandbox_error`` (never a program verdict), dead pool actors are
+replaced.
 
 Failure bound. Callers never hang: :class:`RewardClient` raises :class:`RewardServiceError`
 (one line saying why)
@@ -92,8 +94,9 @@ class RewardService:
                     if key in self._results or key in self._pending:
                         continue
                     self._pending.add(key)
-                    self.pool.submit(key, problem_id, completion)
+                    self.pool.submit(key, problem_id, completion, dispatch=False)
                     new += 1
+                self.pool.dispatch()  # all at once: they can share batches (reward.batch_size)
             except RewardUnavailable as e:
                 self._error = str(e)
                 raise

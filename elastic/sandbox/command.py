@@ -296,16 +296,30 @@ class Sandbox:
     # -- command construction ------------------------------------------------------------
     def _wrap(self, argv: List[str], workdir: Path, limits: Limits, tmpfs_workdir: bool,
               status_fd: Optional[int], files: Optional[Dict[str, Path]] = None,
-              block_fd: Optional[int] = None) -> List[str]:
+              block_fd: Optional[int] = None, as_pid_1: bool = False, readonly_root: bool = False) -> List[str]:
         """The wrapper command line. Under bwrap, `files` are exposed read-only through their
         directories (bound at /.files/<i>) and a symlink in the working dir, so they need to
         exist only when the program starts, not when bwrap sets up; with `block_fd` bwrap sets
-        everything up, then waits for a byte on it before exec'ing the program."""
+        everything up, then waits for a byte on it before exec'ing the program.
+
+        With `as_pid_1` the command is the PID namespace's init (``--as-pid-1``) instead of
+        bwrap's own init, which keeps the command's stdin and stdout open and is dumpable (a
+        program can open /proc/1/fd/0 and /proc/1/fd/1). With `readonly_root` nothing outside
+        the tmpfs mounts /tmp, the working directory (`tmpfs_workdir`) and a fresh /dev/shm is
+        writable: / and /dev are remounted read-only and /proc/sys is bound read-only (bwrap's
+        --proc leaves it writable, and the sandbox's uid 0 is the host's: without this a
+        program can write the host's global sysctls, and the namespace's own ones)."""
         if self.iso.wrapper == "bwrap":
-            w = ["bwrap", *BWRAP_BASE, *self._system_binds, "--proc", "/proc", "--dev", "/dev",
-                 "--size", str(limits.scratch_mb << 20), "--tmpfs", "/tmp"]
+            size = str(limits.scratch_mb << 20)
+            w = ["bwrap", *BWRAP_BASE, *self._system_binds, "--proc", "/proc"]
+            if readonly_root:
+                w += ["--ro-bind", "/proc/sys", "/proc/sys"]
+            w += ["--dev", "/dev"]
+            if readonly_root:
+                w += ["--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+            w += ["--size", size, "--tmpfs", "/tmp"]
             if tmpfs_workdir:
-                w += ["--size", str(limits.scratch_mb << 20), "--tmpfs", SANDBOX_DIR]
+                w += ["--size", size, "--tmpfs", SANDBOX_DIR]
                 if files is not None:
                     dirs: Dict[Path, str] = {}
                     links: List[str] = []
@@ -320,6 +334,10 @@ class Sandbox:
                         w += ["--ro-bind", str(p), f"{SANDBOX_DIR}/{p.name}"]
             else:
                 w += ["--bind", str(workdir), SANDBOX_DIR]
+            if readonly_root:
+                w += ["--remount-ro", "/"]  # last: the mount points above are made on the root tmpfs
+            if as_pid_1:
+                w.append("--as-pid-1")
             w += ["--chdir", SANDBOX_DIR]
             if status_fd is not None:
                 w += ["--json-status-fd", str(status_fd)]
@@ -386,22 +404,25 @@ class Sandbox:
     # -- running -------------------------------------------------------------------------
     def run(self, argv: List[str], workdir: Path, limits: Limits, stdin_path: Optional[Path] = None,
             cpu: Optional[int] = None, tmpfs_workdir: bool = False, want_log: bool = False,
-            files: Optional[Dict[str, Path]] = None) -> RunOutcome:
+            files: Optional[Dict[str, Path]] = None, as_pid_1: bool = False,
+            readonly_root: bool = False) -> RunOutcome:
         """Run `argv` (relative paths resolve in the scratch dir) and return the raw outcome.
 
         With `tmpfs_workdir` under bwrap the program's working directory is a fresh size-limited
         tmpfs holding read-only binds of `files` (name -> host path), or of `workdir`'s entries.
+        `as_pid_1` and `readonly_root` (bwrap only): see :meth:`_wrap`.
 
         With `want_log`, the literal ``{LOG_FD}`` in `argv` is replaced by the number of a pipe
         whose content is returned as ``RunOutcome.log`` (for valgrind/perf reports: valgrind
         moves its log fd out of the program's reach, so the program cannot forge the count).
         """
         return self.prepare(argv, workdir, limits, stdin_path, cpu, tmpfs_workdir, want_log, files,
-                            setup_ahead=False).start()
+                            setup_ahead=False, as_pid_1=as_pid_1, readonly_root=readonly_root).start()
 
     def prepare(self, argv: List[str], workdir: Path, limits: Limits, stdin_path: Optional[Path] = None,
                 cpu: Optional[int] = None, tmpfs_workdir: bool = False, want_log: bool = False,
-                files: Optional[Dict[str, Path]] = None, setup_ahead: bool = True) -> "PreparedRun":
+                files: Optional[Dict[str, Path]] = None, setup_ahead: bool = True, as_pid_1: bool = False,
+                readonly_root: bool = False) -> "PreparedRun":
         """Launch a run now and start it later (arguments as for :meth:`run`).
 
         With the launcher, the process exists after this call: in its cgroup, limited, pinned.
@@ -411,7 +432,8 @@ class Sandbox:
         (what timed runs want: no set-up ever shares the core with a timed run). Files named
         in `files` need only exist at start. Without the launcher the spawn waits for start().
         """
-        return PreparedRun(self, argv, workdir, limits, stdin_path, cpu, tmpfs_workdir, want_log, files, setup_ahead)
+        return PreparedRun(self, argv, workdir, limits, stdin_path, cpu, tmpfs_workdir, want_log, files, setup_ahead,
+                           as_pid_1=as_pid_1, readonly_root=readonly_root)
 
     def _pump(self, proc: subprocess.Popen, out: RunOutcome, limits: Limits, t0: float,
               status_r: Optional[int], log_r: Optional[int], launch_r: Optional[int] = None) -> Tuple[str, str]:
@@ -630,8 +652,9 @@ class PreparedRun:
 
     def __init__(self, sb: Sandbox, argv: List[str], workdir: Path, limits: Limits, stdin_path: Optional[Path],
                  cpu: Optional[int], tmpfs_workdir: bool, want_log: bool, files: Optional[Dict[str, Path]],
-                 setup_ahead: bool = True) -> None:
+                 setup_ahead: bool = True, as_pid_1: bool = False, readonly_root: bool = False) -> None:
         self.sb, self.limits = sb, limits
+        self._wrap_opts = {"as_pid_1": as_pid_1, "readonly_root": readonly_root}
         self.out = RunOutcome()
         self.cg: Optional[RunCgroup] = None
         self.proc: Optional[subprocess.Popen] = None
@@ -672,7 +695,7 @@ class PreparedRun:
             # fully confined program, which --die-with-parent then kills.
             self.blocked_in_bwrap = in_ns and setup_ahead
             wrapped = sb._wrap(argv, workdir, limits, tmpfs_workdir, L.status_w, files,
-                               block_fd=L.block_r if self.blocked_in_bwrap else None)
+                               block_fd=L.block_r if self.blocked_in_bwrap else None, **self._wrap_opts)
             wrapped = [a.replace("{LOG_FD}", str(L.log_w)) for a in wrapped]
             self._message = launcher.message(wrapped, rlimits, cpu, str(stdin_path) if stdin_path else None,
                                              keep_block_fd=self.blocked_in_bwrap)
@@ -701,7 +724,7 @@ class PreparedRun:
             self.log_r, log_w = os.pipe()
             self.pipes.append(self.log_r)
             child.append(log_w)
-        wrapped = sb._wrap(argv, workdir, limits, tmpfs_workdir, status_w, files)
+        wrapped = sb._wrap(argv, workdir, limits, tmpfs_workdir, status_w, files, **self._wrap_opts)
         wrapped = [a.replace("{LOG_FD}", str(log_w)) for a in wrapped]
 
         def spawn() -> None:

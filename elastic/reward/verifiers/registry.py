@@ -168,6 +168,20 @@ class Verifier:
     def evaluate(self, task: Task, completion: str, env: Env) -> Result:
         raise NotImplementedError
 
+    # A verifier that scores several completions at once cheaper than one by one overrides
+    # evaluate_many (same results, in order); the pool then sends it batches (reward.batch_size).
+    batched = False
+
+    def evaluate_many(self, items: List[Tuple[Task, str]], env: Env) -> List[Result]:
+        out = []
+        for task, completion in items:
+            try:
+                out.append(self.evaluate(task, completion, env))
+            except Exception as e:  # as score(): a verifier bug is infrastructure, never a verdict
+                out.append(Result(task.id, "sandbox_error", env.settings.failure_reward,
+                                  reason=f"{self.name}: {type(e).__name__}: {e}"))
+        return out
+
 
 def _verdict(task: Task, passed: bool, reason: str, settings: EvalSettings) -> Result:
     return Result(task.id, "ok" if passed else "wrong_answer", 1.0 if passed else settings.failure_reward,
@@ -213,6 +227,13 @@ class PythonTestsVerifier(Verifier):
         from elastic.reward.verifiers.python_tests.verifier import evaluate_python
 
         return evaluate_python(task.id, task.tests, completion, env.settings, env.sandbox)
+
+    batched = True  # one sandbox and one interpreter for a batch of programs (harness.py --batch)
+
+    def evaluate_many(self, items, env):
+        from elastic.reward.verifiers.python_tests.verifier import evaluate_python_batch
+
+        return evaluate_python_batch([(t.id, t.tests, c) for t, c in items], env.settings, env.sandbox)
 
 
 @register
@@ -322,6 +343,44 @@ def combine(task: Task, parts: List[Tuple[str, float, Result]]) -> Result:
 def empty_result(task: Task, spec: RewardSpec, settings: EvalSettings) -> Result:
     """The verdict when no term has anything to evaluate (decided without an actor)."""
     return combine(task, [(k, w, VERIFIERS[k].empty(task, settings)) for k, w in spec.terms])
+
+
+def batched(spec: RewardSpec) -> bool:
+    """Whether some term of `spec` scores a batch cheaper than its items one by one."""
+    return any(VERIFIERS[k].batched for k in spec.kinds)
+
+
+def score_many(items: List[Tuple[Task, str]], spec: RewardSpec, env: Env) -> List[Result]:
+    """:func:`score` of each (task, completion), in order, each term's verdicts computed for
+    the whole batch at once (:meth:`Verifier.evaluate_many`)."""
+    import time
+
+    t0 = time.perf_counter()
+    ids = [identities(task, completion, spec) for task, completion in items]
+    parts: List[List[Tuple[str, float, Result]]] = [[] for _ in items]
+    for j, (k, w) in enumerate(spec.terms):
+        v = VERIFIERS[k]
+        todo = [n for n in range(len(items)) if ids[n][j] is not None]
+        got: Dict[int, Result] = {}
+        if todo:
+            try:
+                rs = v.evaluate_many([items[n] for n in todo], env)
+                if len(rs) != len(todo):
+                    raise RuntimeError(f"{len(rs)} results for {len(todo)} items")
+                got = dict(zip(todo, rs))
+            except Exception as e:  # a verifier bug is infrastructure, never a verdict
+                got = {n: Result(items[n][0].id, "sandbox_error", env.settings.failure_reward,
+                                 reason=f"{k}: {type(e).__name__}: {e}") for n in todo}
+        for n, (task, _) in enumerate(items):
+            parts[n].append((k, w, got[n] if n in got else v.empty(task, env.settings)))
+    share = (time.perf_counter() - t0) / max(1, len(items))
+    out = []
+    for (task, _), p in zip(items, parts):
+        r = combine(task, p)
+        if not r.duration_s:
+            r.duration_s = share
+        out.append(r)
+    return out
 
 
 def score(task: Task, completion: str, spec: RewardSpec, env: Env,

@@ -18,6 +18,13 @@ protocol and the threat model are described there; in short:
   tests), ``T <i> <status> <seconds> <detail>`` per test, ``E <n>`` at the end; or
   ``C <status> <detail>`` (the program did not load) or ``H <detail>`` (the task itself is
   broken). It stops at the first failing test.
+
+``--batch`` (bubblewrap only): the supervisor of several programs in one sandbox, one at a
+time (:func:`batch`): it must be the PID namespace's init, non-dumpable, with only the working
+directory, /tmp and /dev/shm writable, else it runs nothing. Per program it reads the source
+only, forks a runner that does exactly the above (:func:`run_one`), waits for it under the
+program's wall limit, kills and reaps every other process, empties the writable places and
+removes System V IPC objects, and only then reads the key of its own line about the program.
 """
 
 import builtins
@@ -379,18 +386,34 @@ def parent(pid, req_w, resp_r, report_fd):
         report("E", len(tests))
 
 
-def main():
-    source = recv(0)
+def confine():
+    """Before any program runs: drop inherited descriptors, refuse POSIX message queues (they
+    would outlive a program in the sandbox's IPC namespace and cannot be listed to remove),
+    and become non-dumpable (without capabilities, the program then cannot open
+    /proc/<harness>/{mem,fd}). True when all of it held."""
     try:
         os.closerange(3, 4096)
     except OSError:
         pass
-    try:  # non-dumpable: without capabilities, the program cannot open /proc/<harness>/{mem,fd}
+    ok = True
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+    except Exception:
+        ok = False
+    try:  # PR_SET_DUMPABLE, 0
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+        ok = ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) == 0 and ok
     except Exception:
-        pass
+        ok = False
+    return ok
+
+
+def run_one(source):
+    """One program's run, once its source is read: fork the program's process, then read the
+    tests from stdin, run them and report. Never returns."""
     req_r, req_w = os.pipe()
     resp_r, resp_w = os.pipe()
     pid = os.fork()
@@ -416,5 +439,230 @@ def main():
         os._exit(0)
 
 
+def main():
+    source = recv(0)
+    confine()
+    run_one(source)
+
+
+# -- batch mode: one interpreter, many programs, one at a time ---------------------------------
+WIPE_S = 5.0  # longest the supervisor spends killing and wiping after a program, else it stops
+# Imported once by the supervisor, so every program forked from it finds them loaded (typing
+# alone is ~10 ms of CPU per program that imports it, as most HumanEval prompts do). Only
+# modules without per-process state: never random (its seed would be every program's).
+WARM_MODULES = ("typing", "string", "heapq", "bisect")
+DEV_SHM = "/dev/shm"
+
+
+def pread_record(off):
+    """(object, offset after it) of the length-prefixed marshal record at `off` of stdin,
+    read without moving stdin's shared offset."""
+    def exact(n, at):
+        buf = b""
+        while len(buf) < n:
+            chunk = os.pread(0, n - len(buf), at + len(buf))
+            if not chunk:
+                raise Closed()
+            buf += chunk
+        return buf
+    n = int.from_bytes(exact(4, off), "big")
+    if n > MAX_MESSAGE:
+        raise ValueError("record too large")
+    return marshal.loads(exact(n, off + 4)), off + 4 + n
+
+
+def writable_places(cwd):
+    """The tmpfs mounts a program can write (the working directory, /tmp, /dev/shm), or None
+    when anything else is writable (/ or /dev not read-only: the host did not ask for
+    the layout batch mode relies on)."""
+    unescape = lambda p: p.replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+    places = []
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) < 4 or "rw" not in fields[3].split(","):
+                continue
+            where, kind = unescape(fields[1]), fields[2]
+            if kind == "tmpfs" and where in (cwd, "/tmp", DEV_SHM):
+                places.append(where)
+            elif (kind, where) in (("proc", "/proc"), ("devpts", "/dev/pts")):
+                continue  # per-process state and terminals: gone with the processes
+            elif where.startswith("/dev/") and not os.path.isdir(where):
+                continue  # a device node (null, zero, urandom...)
+            else:
+                return None
+    return places if sorted(places) == sorted({cwd, "/tmp", DEV_SHM}) else None
+
+
+def kill_all(deadline):
+    """SIGKILL every other process of the PID namespace (we are its init, so every one is our
+    descendant and kill(-1) spares only us) and reap them all; False if some outlive `deadline`."""
+    while time.monotonic() < deadline:
+        try:
+            os.kill(-1, 9)
+        except ProcessLookupError:
+            pass
+        while True:
+            try:
+                got, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return True
+            if not got:
+                break
+        time.sleep(0.0002)
+    return False
+
+
+def empty_dir(root, mode, deadline):
+    """Remove everything under `root` (made traversable first: a program may chmod its dirs)
+    and give `root` its mode back."""
+    os.chmod(root, 0o700)
+    stack, dirs = [root], []
+    while stack:
+        if time.monotonic() > deadline:
+            raise TimeoutError(root)
+        d = stack.pop()
+        if d is not root:
+            os.chmod(d, 0o700)
+        dirs.append(d)
+        with os.scandir(d) as it:
+            for e in it:
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                else:
+                    os.unlink(e.path)
+    for d in reversed(dirs[1:]):
+        os.rmdir(d)
+    os.chmod(root, mode)
+
+
+def remove_sysv_ipc():
+    """Remove the IPC namespace's System V shared memory, semaphores and message queues."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for kind, rm in (("shm", lambda i: libc.shmctl(i, 0, None)), ("sem", lambda i: libc.semctl(i, 0, 0)),
+                     ("msg", lambda i: libc.msgctl(i, 0, None))):  # IPC_RMID = 0
+        for _ in range(2):
+            with open("/proc/sysvipc/" + kind) as f:
+                ids = [int(line.split()[1]) for line in f.readlines()[1:] if line.strip()]
+            if not ids:
+                break
+            for i in ids:
+                rm(i)
+        else:
+            raise OSError("System V " + kind + " objects left")
+
+
+def wipe(places, modes, link, cwd, deadline):
+    """Leave the writable places as the first program found them: empty, but for the
+    working directory's link to this harness."""
+    for place in places:
+        empty_dir(place, modes[place], deadline)
+    if link is not None:
+        os.symlink(link, os.path.join(cwd, "harness.py"))
+    remove_sysv_ipc()
+    for place in places:
+        if sorted(os.listdir(place)) != (["harness.py"] if place == cwd and link is not None else []):
+            raise OSError(place + " is not clean")
+
+
+def wait_runner(pid, wall):
+    """The runner's end ("exit <code>", "signal <n>") or "deadline" (it was killed at `wall`)."""
+    import select
+
+    deadline = time.monotonic() + wall
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    try:
+        while True:
+            if pidfd is None:
+                got, status = os.waitpid(pid, os.WNOHANG)
+                if got:
+                    break
+                time.sleep(0.0005)
+            else:
+                left = deadline - time.monotonic()
+                if left > 0 and select.select([pidfd], [], [], left)[0]:
+                    got, status = os.waitpid(pid, 0)
+                    break
+            if time.monotonic() >= deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                return "deadline"
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    if os.WIFSIGNALED(status):
+        return "signal %d" % os.WTERMSIG(status)
+    return "exit %d" % os.WEXITSTATUS(status)
+
+
+def batch():
+    """``--batch``: the supervisor. stdin: a count, then per program three records: the
+    program's (source, wall seconds, RLIMIT_CPU soft, hard, length of the next record), its
+    tests (today's second record, read by its runner only), and the key of the supervisor's
+    line about it, read only once every process of that program is gone. Per program it writes
+    ``@<key> R <i> <exit <code> | signal <n> | deadline | unclean> <runner seconds>``."""
+    cwd = os.getcwd()
+    if os.getpid() != 1 or not confine():
+        os.write(2, b"harness: --batch needs to run as its PID namespace's init, non-dumpable\n")
+        os._exit(3)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # as init, no handler: nothing in the sandbox can signal us
+    places = writable_places(cwd)
+    if places is None:
+        os.write(2, b"harness: --batch needs / and /dev read-only (only the working directory, /tmp and "
+                    b"/dev/shm writable)\n")
+        os._exit(3)
+    modes = {p: os.stat(p).st_mode & 0o7777 for p in places}
+    try:
+        link = os.readlink(os.path.join(cwd, "harness.py"))
+    except OSError:
+        link = None
+    import gc
+    import resource
+
+    for name in WARM_MODULES:
+        try:
+            __import__(name)
+        except Exception:
+            pass
+    gc.freeze()  # the collector then leaves these objects alone: no copied pages in the forks for it
+    count, off = pread_record(0)
+    for i in range(count):
+        (source, wall, cpu_soft, cpu_hard, tests_len), off = pread_record(off)
+        os.lseek(0, off, os.SEEK_SET)  # the runner reads the tests from here, after forking the program
+        t0 = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                signal.signal(signal.SIGINT, signal.default_int_handler)  # as the single-program harness has it
+                resource.setrlimit(resource.RLIMIT_CPU, (cpu_soft, cpu_hard))  # a fresh process: a fresh count
+            except BaseException:
+                os._exit(5)
+            run_one(source)
+        del source
+        status = wait_runner(pid, wall)
+        took = time.monotonic() - t0
+        deadline = time.monotonic() + WIPE_S
+        clean = kill_all(deadline)
+        if clean:
+            try:
+                wipe(places, modes, link, cwd, deadline)
+            except Exception as e:
+                clean = False
+                os.write(2, ("harness: wipe after program %d failed: %s\n" % (i, short(e))).encode())
+        key, off = pread_record(off + 4 + tests_len)
+        write_all(1, ("@%s R %d %s %.6f\n" % (key, i, status if clean else "unclean", took)).encode())
+        if not clean:
+            os._exit(4)  # the next program would not start from a clean sandbox: the host runs the rest alone
+    os._exit(0)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--batch"]:
+        batch()
+    else:
+        main()

@@ -36,10 +36,13 @@ Threat model. The usual reward hacks of RL on code fail by construction:
 
 * the program never runs in the process that runs the tests and writes the report: it is a
   forked child whose stdout is redirected to stderr, forked before the nonce and the tests
-  were read (they are not in its memory), and the harness is non-dumpable, so without
-  capabilities (bubblewrap drops them all) the child can open neither /proc/<harness>/mem
-  nor /proc/<harness>/fd; printed "PASSED" lines, ``sys.exit(0)``/``os._exit(0)``, killing
-  the harness or closing its channel all leave report lines missing, which is a failure;
+  were read (they are not in its memory), and the harness is non-dumpable and the sandbox's
+  init (``bwrap --as-pid-1``: no other process of the sandbox holds its stdin or stdout), so
+  without capabilities (bubblewrap drops them all) the child can open neither
+  /proc/<harness>/mem nor /proc/<harness>/fd; printed "PASSED" lines, ``sys.exit(0)``,
+  ``os._exit(0)`` or closing its channel all leave report lines missing, which is a failure;
+  signals to the harness never reach it (the kernel drops them for an init without a handler;
+  the harness handles SIGALRM, its timer, and SIGINT, which only fail the program itself);
 * a function's return value crosses a pipe as marshal data after an exact-type check: only
   None/bool/int/float/complex/str/bytes and list/tuple/set/frozenset/dict of those; an
   object whose ``__eq__`` always returns True is ``wrong_answer`` ("returned a non-builtin
@@ -49,11 +52,54 @@ Threat model. The usual reward hacks of RL on code fail by construction:
   imports and the task's prompt helpers (``poly`` of HumanEval/32, ``encode_cyclic`` of /38:
   the prompt's trusted definitions, not the program's) live in the parent.
 
+Batch mode (:func:`evaluate_python_batch`; ``harness.py --batch``). One sandbox and one
+interpreter for several programs (of tasks with the same limits but time), run one at a time;
+bubblewrap only. The supervisor is the sandbox's init, non-dumpable; stdin holds, per program,
+its source, its tests with their nonce, and a key for the supervisor's line about it. For each
+program the supervisor reads only the source, forks a runner that does exactly what the
+single-program harness does (the runner forks the program's process, then reads that
+program's tests from the shared stdin), waits for the runner under the program's own wall
+limit, kills every other process of the sandbox and reaps them all, empties the writable
+places, removes System V IPC objects, and only then reads the program's key and writes
+``@<key> R <i> <exit 0 | exit n | signal n | deadline | unclean> <seconds>``. What program i
+can and cannot do to program j:
+
+* it cannot learn j's tests or nonce: when j's runner is forked the supervisor has read
+  neither (they stay in the stdin file, which only the non-dumpable supervisor and runners
+  hold; the program's process closes its copy before its code runs). It can learn the sources
+  of the programs before it in the batch (the supervisor read them and fork copies memory);
+* it cannot outlive its turn: every process but init is SIGKILLed and reaped (its orphans
+  are init's) before j's source is even read; its files go (/tmp, the working directory,
+  /dev/shm: the only writable places, since / and /dev are read-only and /proc/sys is bound
+  read-only; POSIX message queues are refused in both modes, RLIMIT_MSGQUEUE 0); if that
+  fails the supervisor stops and the rest are evaluated alone;
+* it cannot reach the report channel (nor forge j's lines without j's nonce, nor the
+  supervisor's line about j without j's key, read after i is gone);
+* it can spoil what the batch's outcome says about everyone (the memory cgroup's counters,
+  the output cap, the wall clock, a sandbox failure): so a batch verdict is kept only when it
+  needs nothing of the outcome: the runner exited 0, and the report is complete and decides
+  the verdict by itself (:func:`report_decides`; an ``ok`` also needs the batch under its
+  output cap). Any other program of the batch is evaluated alone, with the single-program
+  path: program i can cost the others time, never change a verdict.
+
+Each runner gets the program's own RLIMIT_CPU (a fresh process: a fresh count); the other
+limits are the sandbox's, as for one program, plus one process (the supervisor). Differences
+that remain: a program can tell the two modes apart (its parent is not PID 1; its memory holds
+earlier programs' sources) and so choose to behave differently, which only changes its own
+verdict; the programs of a batch share one interpreter start, so one string-hash seed (a
+program whose result depends on set order is nondeterministic alone too), and find a few
+stateless modules already imported (``harness.WARM_MODULES``: typing...); the supervisor's
+~10 MB count toward the memory cgroup (a program near it is OOM-killed sooner, then re-run
+alone); kernel state outside the writable places that cannot be listed (keyrings, sockets in
+TIME_WAIT on loopback) can reach only a later program that uses the same facility.
+
 What remains. The child is the program's: it can answer calls however it likes (e.g. with
 answers special-cased to the test inputs it receives), which is the task's weakness, not the
 harness's. Arguments are copied, so a test that checks an in-place mutation of its argument
 cannot pass. The harness trusts marshal.loads with what the child sends (a memory-corruption
-bug there is out of scope). Without ctypes the harness stays dumpable, and under the weak
+bug there is out of scope). As the sandbox's init the harness reaps only its own child: a
+program's orphans stay zombies (counted against the pids limit) until the run ends. Without
+ctypes the harness stays dumpable (batch mode then refuses to run), and under the weak
 isolation opt-in (no bubblewrap: root keeps CAP_SYS_PTRACE, the stdin file is readable on
 the host) a determined program can read the harness's memory, find the nonce and forge the
 report: the nonce then only defeats printed fakes and early exits; the sandbox (namespaces,
@@ -78,7 +124,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from elastic.reward.verifiers.programs import classify
 from elastic.reward.result import Result, TestResult
@@ -91,6 +137,11 @@ HARNESS = Path(__file__).with_name("harness.py")
 INTERPRETER_FLAGS = ("-I", "-S", "-B")  # isolated (no PYTHON* env, no user site), no site, no .pyc writes
 STARTUP_S = 2.0  # wall allowance beyond the tests' own limits: interpreter start, harness, teardown
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"  # the sandbox's PATH (sandbox._clean_env)
+# Under bubblewrap: the harness is the PID namespace's init, so nothing in the sandbox but it
+# holds stdin (the tests, the nonce) and the report channel (bwrap's own init did, dumpable:
+# a program read the nonce from /proc/1/fd/0 and wrote a pass to /proc/1/fd/1); only /tmp,
+# the working directory and /dev/shm are writable (/proc/sys was, with the host's uid 0).
+SANDBOX_LAYOUT = {"as_pid_1": True, "readonly_root": True}
 
 
 @dataclass
@@ -326,16 +377,20 @@ class _StdinFile:
 
 
 
+def _record(obj) -> bytes:
+    data = marshal.dumps(obj, 4)
+    return len(data).to_bytes(4, "big") + data
+
+
+def _tests_record(spec: PythonTests, p: _Plan, nonce: str) -> bytes:
+    return _record({"nonce": nonce, "time_limit": float(spec.time_limit_s), "form": p.form, "entry": spec.entry_point,
+                    "test": spec.test, "tests": list(spec.test_list), "setup": spec.test_setup, "prompt": spec.prompt,
+                    "proxies": list(p.proxies), "helpers": list(p.helpers)})
+
+
 def harness_input(program: str, spec: PythonTests, p: _Plan, nonce: str) -> bytes:
     """The harness's stdin: the program (read before it forks), then the tests and the nonce."""
-    tests = {"nonce": nonce, "time_limit": float(spec.time_limit_s), "form": p.form, "entry": spec.entry_point,
-             "test": spec.test, "tests": list(spec.test_list), "setup": spec.test_setup, "prompt": spec.prompt,
-             "proxies": list(p.proxies), "helpers": list(p.helpers)}
-    out = b""
-    for rec in (program, tests):
-        data = marshal.dumps(rec, 4)
-        out += len(data).to_bytes(4, "big") + data
-    return out
+    return _record(program) + _tests_record(spec, p, nonce)
 
 
 def run_limits(spec: PythonTests, n_tests: int) -> Limits:
@@ -372,7 +427,8 @@ class _HarnessRun:
         self.stdin = _StdinFile(sandbox.scratch_root)
         try:
             self.run = sandbox.prepare(argv, Path(harness).parent, limits, stdin_path=Path(self.stdin.name),
-                                       tmpfs_workdir=True, files={"harness.py": Path(harness)}, setup_ahead=True)
+                                       tmpfs_workdir=True, files={"harness.py": Path(harness)}, setup_ahead=True,
+                                       **SANDBOX_LAYOUT)
         except BaseException:
             self.stdin.close()
             raise
@@ -593,11 +649,167 @@ def evaluate_python(task_id: str, spec: PythonTests, completion: str, settings: 
     return r
 
 
+# -- batch mode ------------------------------------------------------------------------------------
+BATCH_MAX = 64  # programs in one sandbox at most (callers send fewer: reward.batch_size)
+_CLEAN = RunOutcome(exit_code=0)  # what judge sees of a batch for a program its report decides alone
+
+
+@dataclass
+class _Entry:
+    """One program of a batch."""
+
+    index: int  # in the caller's items
+    task_id: str
+    spec: PythonTests
+    program: str
+    plan: _Plan
+    limits: Limits  # as when run alone
+    nonce: str = ""
+    key: str = ""  # tags the supervisor's line about this program
+
+
+def _confinement(limits: Limits) -> tuple:
+    """What the programs of one batch must share: every limit but the wall clock and CPU time
+    (memory, processes, files... are the sandbox's, set once for the batch)."""
+    return dataclasses.astuple(dataclasses.replace(limits, wall_s=0.0, cpu_s=None))
+
+
+def batch_limits(per: List[Limits]) -> Limits:
+    """The sandbox's limits for programs run one after another: the sum of their wall (and CPU)
+    budgets; everything else as for one of them, plus one process (the supervisor)."""
+    wall = sum(l.wall_s for l in per)
+    return dataclasses.replace(per[0], wall_s=wall, cpu_s=wall, pids=per[0].pids + 1)
+
+
+def batch_input(entries: List[_Entry]) -> bytes:
+    """The ``harness.py --batch`` stdin: a count, then per program (source, wall, RLIMIT_CPU as a
+    run alone gets it, length of the tests' record), the tests with their nonce (today's second
+    record), and the key of the supervisor's line about it."""
+    out = _record(len(entries))
+    for e in entries:
+        tests = _tests_record(e.spec, e.plan, e.nonce)
+        cpu = e.limits.cpu_limit  # Sandbox._rlimits: (cpu_limit, cpu_limit + 1)
+        out += _record((e.program, float(e.limits.wall_s), cpu, cpu + 1, len(tests) - 4)) + tests + _record(e.key)
+    return out
+
+
+def runner_status(stdout: bytes, key: str, index: int) -> Tuple[str, float]:
+    """The supervisor's line about program `index` (tagged with its key): ("exit 0", runner
+    seconds)...; ("", 0) unless there is exactly one, well formed."""
+    tag = f"@{key} "
+    got = [l[len(tag):] for l in stdout.decode("utf-8", "replace").splitlines() if l.startswith(tag)]
+    f = got[0].split() if len(got) == 1 else []
+    if len(f) != 5 or f[0] != "R" or f[1] != str(index):
+        return "", 0.0
+    try:
+        return f"{f[2]} {f[3]}", float(f[4])
+    except ValueError:
+        return "", 0.0
+
+
+def report_decides(report: Report, p: _Plan) -> bool:
+    """Whether :func:`judge`'s verdict on `report` comes from the report alone, never from the
+    run's outcome (its exit, wall clock, output caps, cgroup counters), which in a batch are
+    every program's together. Mirrors judge's order."""
+    if report.broken is not None:
+        return True
+    if report.load is not None:
+        return report.load[0] != "died"
+    for i in range(len(p.names)):
+        got = report.tests.get(i)
+        if got is None or got[0] == "died":
+            return False
+        if got[0] != "ok":
+            return True
+    n = len(p.names)
+    return (not report.inconsistent and report.started == n and report.ended == n
+            and set(report.tests) == set(range(n)))
+
+
+def _run_batch(entries: List[_Entry], settings: EvalSettings, sandbox: Sandbox,
+               results: List[Optional[Result]]) -> None:
+    """Run `entries` in one sandbox; fill `results` for the programs whose batch verdict is
+    their own (the rest stay None: they are evaluated alone)."""
+    t0 = time.perf_counter()
+    for e in entries:
+        e.nonce, e.key = secrets.token_hex(16), secrets.token_hex(16)
+    limits = batch_limits([e.limits for e in entries])
+    harness = harness_path(sandbox.scratch_root)
+    try:
+        with _StdinFile(sandbox.scratch_root) as stdin:
+            stdin.write(batch_input(entries))
+            o = sandbox.run([*_interpreter_argv(settings), "--batch"], Path(harness).parent, limits,
+                            stdin_path=Path(stdin.name), tmpfs_workdir=True, files={"harness.py": Path(harness)},
+                            **SANDBOX_LAYOUT)
+    except Exception:  # infrastructure: the programs are evaluated alone
+        log.exception("python_tests: a batch of %d programs crashed; evaluating them alone", len(entries))
+        return
+    if o.sandbox_failed:
+        return
+    share = (time.perf_counter() - t0) / len(entries)
+    reported = 0
+    for i, e in enumerate(entries):
+        status, _ = runner_status(o.stdout, e.key, i)
+        reported += bool(status)
+        if status != "exit 0":  # the runner was killed, hit its deadline, or the sandbox stopped first
+            continue
+        report = parse_report(o.stdout, e.nonce)
+        if not report_decides(report, e.plan):  # the verdict would need the batch's outcome
+            continue
+        r = judge(e.task_id, _CLEAN, report, e.plan, e.limits, settings)
+        if r.status == "ok" and o.output_limit:  # alone, the output cap could have been this program's
+            continue
+        r.duration_s = share
+        r.sandbox = sandbox.layers
+        results[e.index] = r
+    if not reported:
+        log.warning("python_tests: the batch harness reported nothing (%s); evaluating %d programs alone: %s",
+                    classify(o, limits)[1] or "exit code %s" % o.exit_code, len(entries),
+                    o.stderr.decode(errors="replace").strip()[-300:])
+
+
+def evaluate_python_batch(items: Sequence[Tuple[str, PythonTests, str]], settings: Optional[EvalSettings] = None,
+                          sandbox: Optional[Sandbox] = None) -> List[Result]:
+    """:func:`evaluate_python` of each ``(task_id, spec, completion)``, in order, with the
+    programs run together in one sandbox and one interpreter (``harness.py --batch``).
+
+    A batch verdict is kept only when it is the program's own: its runner exited normally,
+    its report is complete and decides the verdict by itself, and the sandbox did not fail
+    (an ``ok`` also needs the batch under its output cap). Every other program (and one with
+    no code, a broken task, or programs under weak isolation) gets :func:`evaluate_python`
+    alone, so the verdicts are those of the single-program path."""
+    from elastic.reward.verifiers.programs import default_sandbox
+
+    settings = settings or EvalSettings()
+    sandbox = sandbox or default_sandbox(settings.env_allow, settings.allow_weak_isolation)
+    results: List[Optional[Result]] = [None] * len(items)
+    groups: Dict[tuple, List[_Entry]] = {}
+    for k, (task_id, spec, completion) in enumerate(items):
+        try:
+            p = plan(spec, task_id)
+            program = extract_program(completion, spec)
+        except Exception:  # a broken task: evaluate_python says so
+            continue
+        if program is not None:
+            lim = run_limits(spec, len(p.names))
+            groups.setdefault(_confinement(lim), []).append(_Entry(k, task_id, spec, program, p, lim))
+    if sandbox.iso.wrapper == "bwrap":  # the supervisor needs a PID namespace of its own and bwrap's layout
+        for group in groups.values():
+            for start in range(0, len(group), BATCH_MAX):
+                chunk = group[start:start + BATCH_MAX]
+                if len(chunk) > 1:
+                    _run_batch(chunk, settings, sandbox, results)
+    for k, (task_id, spec, completion) in enumerate(items):
+        if results[k] is None:
+            results[k] = evaluate_python(task_id, spec, completion, settings, sandbox)
+    return results  # type: ignore[return-value]
+
+
 def unsandboxed_argv(settings: EvalSettings) -> List[str]:
     """The same interpreter and flags as in the sandbox, resolved on the sandbox's PATH (bench)."""
     exe = shutil.which(settings.python_executable, path=SANDBOX_PATH) or settings.python_executable
     return [exe, *INTERPRETER_FLAGS, str(HARNESS)]
 
 
-__all__ = ["PythonTests", "check_tests", "evaluate_python", "extract_program", "parse_report", "judge", "plan",
-           "harness_input", "unsandboxed_argv"]
+__all__ = ["PythonTests", "check_tests", "evaluate_python", "evaluate_python_batch", "extract_program", "parse_report",
+           "judge", "plan", "harness_input", "batch_input", "unsandboxed_argv"]
