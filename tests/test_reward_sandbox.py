@@ -133,6 +133,22 @@ def test_cannot_write_outside_scratch(problem, settings, tmp_path):
         assert not os.path.exists(t), f"sandboxed program wrote {t}"
 
 
+@pytest.mark.skipif(detect().wrapper != "bwrap", reason="needs bubblewrap")
+def test_host_sysctls_are_read_only(problem, settings):
+    """/proc/sys is read-only in every sandboxed run (bwrap's --proc leaves it writable, and the
+    sandbox's uid 0 is the host's): writing vm.swappiness back with its own value (harmless
+    if it went through) must fail, or the program answers wrong on purpose."""
+    src = SOLVE + r"""
+int main(void) {
+    char v[32] = {0}; FILE *f = fopen("/proc/sys/vm/swappiness", "r");
+    if (f) { if (!fgets(v, sizeof v, f)) v[0] = 0; fclose(f); }
+    f = fopen("/proc/sys/vm/swappiness", "w");
+    if (f) { int ok = fputs(v, f) >= 0; ok = (fclose(f) == 0) && ok; if (ok && v[0]) { puts("-1"); return 0; } }
+    solve(); return 0; }"""
+    r = run(problem, settings, src)
+    assert r.status == "ok", r.reason
+
+
 @pytest.mark.skipif(not detect().pid_namespace, reason="no PID namespace here: a program could kill the test runner")
 def test_killing_parent_and_everyone_is_contained(problem, settings):
     src = SOLVE + r"""

@@ -306,14 +306,14 @@ class Sandbox:
         bwrap's own init, which keeps the command's stdin and stdout open and is dumpable (a
         program can open /proc/1/fd/0 and /proc/1/fd/1). With `readonly_root` nothing outside
         the tmpfs mounts /tmp, the working directory (`tmpfs_workdir`) and a fresh /dev/shm is
-        writable: / and /dev are remounted read-only and /proc/sys is bound read-only (bwrap's
-        --proc leaves it writable, and the sandbox's uid 0 is the host's: without this a
+        writable: / and /dev are remounted read-only. /proc/sys is bound read-only in every run
+        (bwrap's --proc leaves it writable, and the sandbox's uid 0 is the host's: without it a
         program can write the host's global sysctls, and the namespace's own ones)."""
         if self.iso.wrapper == "bwrap":
             size = str(limits.scratch_mb << 20)
-            w = ["bwrap", *BWRAP_BASE, *self._system_binds, "--proc", "/proc"]
-            if readonly_root:
-                w += ["--ro-bind", "/proc/sys", "/proc/sys"]
+            # /proc/sys read-only in every run: bwrap's --proc leaves it writable, and the
+            # sandbox's uid 0 is the host's (a program could set the host's sysctls).
+            w = ["bwrap", *BWRAP_BASE, *self._system_binds, "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
             w += ["--dev", "/dev"]
             if readonly_root:
                 w += ["--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]

@@ -99,7 +99,8 @@ class RunSession:
         self.compiled = False
         runner = launcher.build_runner(sandbox.scratch_root)
         assert runner is not None and sandbox.launcher is not None, "check sessions_available() first"
-        argv = ["bwrap", *BWRAP_BASE, *sandbox._system_binds, "--proc", "/proc", "--dev", "/dev",
+        argv = ["bwrap", *BWRAP_BASE, *sandbox._system_binds, "--proc", "/proc",
+                "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev",  # the host's sysctls: see command.py _wrap
                 "--remount-ro", "/dev", "--size", str(limits.scratch_mb << 20), "--tmpfs", "/tmp",
                 "--size", str(limits.scratch_mb << 20), "--tmpfs", SANDBOX_DIR,
                 "--ro-bind", str(Path(runner).parent), RUNNER_DIR]
