@@ -247,7 +247,7 @@ def child_grpo(spec: Dict[str, Any]) -> None:
                 gen_tokens.append(logs["completions/mean_length"] * n)
 
     model = AutoModelForCausalLM.from_pretrained(spec["hf"], dtype=torch.float32)
-    cfg = GRPOConfig(output_dir=spec["dir"], use_cpu=True, max_steps=spec["steps"], num_generations=GROUP,
+    cfg = GRPOConfig(output_dir=spec["dir"], use_cpu=True, bf16=False, max_steps=spec["steps"], num_generations=GROUP,
                      per_device_train_batch_size=MICRO, gradient_accumulation_steps=n // MICRO,
                      max_completion_length=spec["max_new_tokens"],
                      temperature=1.0, top_p=1.0, beta=0.0, loss_type="dapo", learning_rate=3e-4,
@@ -340,7 +340,7 @@ def child_sft(spec: Dict[str, Any]) -> None:
                 losses.append(float(logs["loss"]))
 
     model = AutoModelForCausalLM.from_pretrained(spec["hf"], dtype=torch.float32)
-    cfg = SFTConfig(output_dir=spec["dir"], use_cpu=True, max_steps=spec["steps"], per_device_train_batch_size=8,
+    cfg = SFTConfig(output_dir=spec["dir"], use_cpu=True, bf16=False, max_steps=spec["steps"], per_device_train_batch_size=8,
                     gradient_accumulation_steps=1, learning_rate=3e-4, lr_scheduler_type="constant", warmup_steps=0,
                     adam_beta1=0.9, adam_beta2=0.95, weight_decay=0.1, max_grad_norm=1.0, logging_steps=1,
                     save_strategy="no", report_to=[], seed=0, dataloader_num_workers=0, disable_tqdm=True, gradient_checkpointing=False,

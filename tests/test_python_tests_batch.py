@@ -332,6 +332,37 @@ def test_pool_sends_batches_and_keeps_single_verdicts(ray_local, tmp_path):
     assert stats["evaluations"] == len(programs) and stats["immediate"] == 1
 
 
+def test_pool_holds_a_partial_batch_until_it_fills_or_a_caller_waits(ray_local, tmp_path):
+    """While nobody waits, fewer than reward.batch_size items stay queued (no sandbox starts for
+    one or two programs on the cores generation uses); a full batch goes at once; flush (a
+    caller waiting: the service's results(), evaluate_batch) sends what is left."""
+    from elastic.config.schema import RewardSection
+    from elastic.reward.pool import RewardPool
+
+    section = RewardSection(kind="python_tests", num_actors=1, batch_size=3, batch_wait_s=60.0, cache_dir=str(tmp_path))
+    pool = RewardPool(section, tasks=_add_tasks())
+    try:
+        for i in range(2):
+            pool.submit(i, "add", f"```python\n{CORRECT_ADD}# {i}\n```")
+        t0 = time.monotonic()
+        assert pool.poll(0.3) == [] and 0.25 < time.monotonic() - t0 < 5  # held, and poll naps (no busy loop)
+        assert pool.stats()["batches"] == 0 and pool.outstanding == 2
+        for i in range(2, 5):  # the third fills a batch: it goes; the fourth and fifth wait
+            pool.submit(i, "add", f"```python\n{CORRECT_ADD}# {i}\n```")
+        got = {}
+        while len(got) < 3:
+            got.update(pool.poll(5.0))
+        assert sorted(got) == [0, 1, 2] and pool.outstanding == 2
+        pool.flush()
+        while len(got) < 5:
+            got.update(pool.poll(5.0))
+        stats = pool.stats()
+    finally:
+        pool.shutdown()
+    assert all(r.status == "ok" for r in got.values())
+    assert stats["batches"] == 2 and stats["mean_batch"] == 2.5, stats
+
+
 def _evaluating_many():
     from tests.reward_helpers import own_process
 

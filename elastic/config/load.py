@@ -171,6 +171,7 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(r.timing in ("wall", "instructions"), "reward.timing", f"must be wall|instructions, got {r.timing!r}")
     _check(r.max_in_flight_per_actor >= 1, "reward.max_in_flight_per_actor", f"must be >= 1, got {r.max_in_flight_per_actor}")
     _check(r.batch_size >= 1, "reward.batch_size", f"must be >= 1, got {r.batch_size}")
+    _check(r.batch_wait_s >= 0, "reward.batch_wait_s", f"must be >= 0, got {r.batch_wait_s}")
     _check(r.item_deadline_s > 0, "reward.item_deadline_s", f"must be > 0, got {r.item_deadline_s}")
     _check(r.max_retries >= 0, "reward.max_retries", f"must be >= 0, got {r.max_retries}")
     _check(r.dedup_window >= 0, "reward.dedup_window", f"must be >= 0 (0 disables), got {r.dedup_window}")

@@ -266,9 +266,15 @@ class RewardSection:
     # Measured on 2 cores (load 6-12; bench/python_tests_throughput.py, 164 HumanEval
     # solutions): 13.3 ms of CPU per program in batches of 8 vs 33.8 ms one sandbox each (24.3
     # ms unsandboxed, one process each); a 2-actor pool scores 64 in 0.71 s vs 1.84 s at 1
-    # (paired median 2.64x). The pool sends what is pending, never waiting to fill a batch;
-    # 1: one program per call.
-    batch_size: int = 8
+    # (paired median 2.64x). With reward.batch_wait_s the batches GRPO's waiting step sends are
+    # what is pending, split over the free actors (a 16 x 4 python-tasks step: 2 of ~20 rather
+    # than 6 of 8 interpreter starts). 1: one program per call.
+    batch_size: int = 32
+    # While no caller waits for results, a partial batch is held up to this long (from its
+    # oldest item) to fill: completions trickling in during generation are then not evaluated
+    # one or two at a time on the cores generation uses; a caller waiting (GRPO after
+    # generation) sends what is pending at once. 0: never hold.
+    batch_wait_s: float = 0.5
     item_deadline_s: float = 120.0
     max_retries: int = 2
     # Identical programs (same problem, language and extracted source) among the last

@@ -13,9 +13,13 @@ One mechanism serves both callers: :meth:`RewardPool.submit` enqueues a completi
   long tail stuck behind one slow actor); the rest wait in the pool's queue.
 * Batches: when a verifier scores several completions at once cheaper than one by one
   (``python_tests``: one sandbox and one interpreter for the batch), a call carries up to
-  ``reward.batch_size`` items, whatever is pending (spread over the free actors; the pool
-  never waits to fill a batch), through ``RewardActor.evaluate_many``: no Ray round trip per
-  item. A batch's deadline is ``item_deadline_s`` per item, at most half of
+  ``reward.batch_size`` items through ``RewardActor.evaluate_many``: no Ray round trip per
+  item. While nobody waits, the pool sends full batches only and holds a partial one for at
+  most ``reward.batch_wait_s`` (from its oldest item), so completions that trickle in during
+  generation are not evaluated in ones and twos, each paying a sandbox and an interpreter start
+  on the cores generation uses; once a caller waits for results (:meth:`flush`: the service's
+  ``results``, ``evaluate_batch``) whatever is pending goes at once, spread over the free
+  actors. A batch's deadline is ``item_deadline_s`` per item, at most half of
   ``unavailable_after_s``; the items of a batch whose actor died or breached it are retried
   one by one, each counting its own attempts.
 * Dedup: the program is extracted here, and identical programs (same problem, language and
@@ -129,6 +133,7 @@ class _Job:
     tokens: List[Hashable]
     attempts: int = 0
     last_slot: Optional[int] = None
+    queued_t: float = dataclasses.field(default_factory=time.monotonic)  # when it (last) entered the queue
 
 
 class RewardPool:
@@ -154,6 +159,7 @@ class RewardPool:
         self._gen = [0] * section.num_actors
         self._load = [0] * section.num_actors
         self._queue: Deque[_Job] = collections.deque()
+        self._flushing = False  # a caller waits: partial batches go now (until the queue empties)
         self._jobs: Dict[str, _Job] = {}  # program key -> job queued or in flight
         # ref -> (jobs, slot, gen, deadline, batched call)
         self._in_flight: Dict[Any, Tuple[List[_Job], int, int, float, bool]] = {}
@@ -273,7 +279,16 @@ class RewardPool:
         with self._lock:
             self._raise_if_broken()
             self._dispatch()
-            if self._ready or not self._in_flight:
+            held = (self.section.batch_wait_s - (time.monotonic() - self._queue[0].queued_t)
+                    if self._queue and self._hold() else 0.0)
+            if self._ready or (not self._in_flight and held <= 0):
+                return self._take_ready()
+            nap = None if self._in_flight else min(timeout_s, held)
+        if nap is not None:  # only a partial batch, held: no busy loop until it goes
+            time.sleep(max(0.0, nap))
+            return []
+        with self._lock:
+            if not self._in_flight:  # another poller collected them meanwhile
                 return self._take_ready()
             refs = list(self._in_flight)
             now = time.monotonic()
@@ -329,6 +344,7 @@ class RewardPool:
         results: List[Optional[Result]] = [None] * len(items)
         for i, (pid, completion) in enumerate(items):
             self.submit(("batch", batch, i), pid, completion, dispatch=False)
+        self.flush()  # the caller waits for all of them
         left = len(items)
         while left:
             for token, r in self.poll(5.0):
@@ -338,17 +354,38 @@ class RewardPool:
         return results  # type: ignore[return-value]
 
     # -- bookkeeping (callers hold the lock) ---------------------------------------------------
+    def flush(self) -> None:
+        """Someone waits for results: send whatever is pending now, partial batches included
+        (until the queue is empty; then batches are filled again)."""
+        with self._lock:
+            self._flushing = True
+            self._raise_if_broken()
+            self._dispatch()
+
+    def _hold(self) -> bool:
+        """Keep a partial batch queued: batching verifier, nobody waiting, fewer than a batch
+        queued, and its oldest item younger than ``reward.batch_wait_s``."""
+        if self.batch_size <= 1 or self._flushing or len(self._queue) >= self.batch_size:
+            return False
+        oldest = self._queue[0]
+        return oldest.attempts == 0 and time.monotonic() - oldest.queued_t < self.section.batch_wait_s
+
     def _dispatch(self) -> None:
         cap = self.section.max_in_flight_per_actor
+        if not self._queue:
+            self._flushing = False
         while self._queue:
+            if self._hold():
+                return
             free = [s for s in range(len(self.actors)) if self._load[s] < cap]
             if not free:
                 return
             job = self._queue[0]
             other = [s for s in free if s != job.last_slot] or free  # retry elsewhere when possible
             slot = min(other, key=lambda s: self._load[s])
-            # what is pending, spread over the free actors; never waiting for more. A retried
-            # item goes alone: a batch's failure must not keep failing its neighbours.
+            # Flushing (or a batch's wait is over): what is pending, spread over the free
+            # actors; else full batches. A retried item goes alone: a batch's failure must not
+            # keep failing its neighbours.
             want = min(self.batch_size, -(-len(self._queue) // len(free)))
             jobs = [self._queue.popleft()]
             while len(jobs) < want and job.attempts == 0 and self._queue and self._queue[0].attempts == 0:

@@ -110,6 +110,11 @@ class RewardService:
             unknown = [k for k in keys if k not in self._results and k not in self._pending]
             if unknown:
                 raise KeyError(f"{len(unknown)} keys were never submitted or were forgotten, e.g. {unknown[0]!r}")
+            if any(k not in self._results for k in keys):
+                try:
+                    self.pool.flush()  # a caller waits: partial batches go now
+                except RewardUnavailable as e:
+                    self._error = str(e)
             while True:
                 missing = any(k not in self._results for k in keys)
                 if not missing:
