@@ -96,7 +96,10 @@ def test_eval_throughput_smoke(tmp_path):
     assert set(rows) == {"hellaswag", "arc_easy", "mmlu_elementary_mathematics", "heldout_text"}
     for name, r in rows.items():
         assert r["items"] == 8 and r["ratio"] > 0, (name, r)
-        assert r["max_abs_dll"] < 1e-4, (name, r["max_abs_dll"])
+        assert r["within_tol"], (name, r["max_abs_dll"])
+        if name != "heldout_text":  # rolling perplexity sums hundreds of nats: lm-eval's float32 sum
+            # drifts ~1e-4 (the bench's tolerance there is 1e-6 of |ll|, as tests/test_eval_parity.py)
+            assert r["max_abs_dll"] < 1e-4, (name, r["max_abs_dll"])
     assert rows["hellaswag"]["ratio_no_share"] > 0 and rows["heldout_text"]["ratio_no_share"] is None
     assert res["all_within_tol"] and "max |Δll|" in stdout
     assert not os.path.exists(res["scratch"])  # the model, task files and datasets cache are gone
