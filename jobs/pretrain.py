@@ -30,12 +30,13 @@ def run_or_exit_code(run, *args):
     can act on: bad config or input 2, the run directory in use 3, a cluster that cannot hold
     the run 4 (README "The pipeline"), stopped by SIGINT 130 or SIGTERM 143 (with the command
     that resumes it: elastic/launch/runtime/stop.py). Shared by every entry point."""
-    from elastic.launch.runtime import stop
+    from elastic.launch.runtime import startup, stop
     from elastic.launch.runtime.cluster import ClusterError
     from elastic.launch.runtime.lease import LeaseHeld
     from elastic.reward.verifiers.code_opt.problems import ProblemError
 
     stop.install()
+    startup.command_started()  # the first job's start-up counts from this process's start
     try:
         return run(*args), 0
     except (DataError, ProblemError, ConfigError) as e:  # ConfigError: checked against the inputs at plan time

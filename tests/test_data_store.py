@@ -1,5 +1,6 @@
-"""The shard cache: the same samples at every world size, each shard tokenized once, a bounded
-build window, and a shard cut short mid-write detected and rebuilt, never read.
+"""The shard cache: the same samples at every world size, each shard tokenized once (and no
+pipeline at all once every shard is cached), a bounded build window, and a shard cut short
+mid-write detected and rebuilt, never read.
 
 Everything runs for real: the store builder is a Ray actor, builds are Ray tasks writing Arrow
 IPC files, readers are the worker-side code the trainer uses.
@@ -79,13 +80,15 @@ def test_each_shard_is_built_once_and_reused_by_restarts(ray_local, plan, tmp_pa
     assert sorted(b["shard_id"] for b in builds) == sorted(s.shard_id for s in plan.shards)
     assert all(b["cpu_s"] > 0 and b["samples"] >= 0 for b in builds)
     # Two more "restarts" (fresh builders and readers, as after a relaunch or a resize) and a
-    # second epoch: nothing is tokenized again.
+    # second epoch: nothing is tokenized again, and with every shard in the cache no Ray Data
+    # pipeline starts (its actors would compete with the workers' start).
     for _ in range(2):
         builder, stream = open_store(plan, root)
         again = whole_epoch(stream)
         assert again["sample_id"].tolist() == first["sample_id"].tolist()
         report = ray.get(builder.report.remote())
         assert report["stats"]["built"] == 0 and report["stats"]["reused"] == plan.num_shards
+        assert report["stats"]["pipelines"] == 0, report
     it = RankBatches(stream, Cursor(epoch=1), B, 0, 1)
     for _ in range(len(first["sample_id"]) // B):
         it.next()

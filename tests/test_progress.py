@@ -132,3 +132,66 @@ def test_rate_leaves_out_each_worker_groups_warmup_step_and_uses_a_recent_window
     append_record(str(tmp_path / METRICS), _rec(31, 1130.5, step_s=0.5, mfu=0.3))
     p.poll()
     assert p.rate() == (2000 / 0.5, 0.3)
+
+
+def _wait_for(out, text, timeout=10.0):
+    end = time.time() + timeout
+    while text not in out.getvalue() and time.time() < end:
+        time.sleep(0.01)
+    assert text in out.getvalue(), out.getvalue()
+
+
+def test_start_up_says_once_what_it_waits_for_when_a_phase_takes_a_while(tmp_path):
+    """Until the first step: a phase that lasts `wait_after_s` gets one line (the driver's own
+    phases, then those the controller's and workers' events begin), a short one none; after the
+    first step nothing more, and no line twice."""
+    out = io.StringIO()
+    p = Progress(str(tmp_path), total=2, stream=out, interval_s=0, poll_s=0.02, wait_after_s=0.3).start()
+    p.waiting_for("the job's plan: its data, tokenizer and inputs")
+    p.waiting_for("a private Ray instance to start")  # short: never shown
+    _wait_for(out, "[elastic] waiting for: a private Ray instance to start (")
+    p.say("[elastic] ray: started a private local instance")
+    p.waiting_for("the Ray Train controller")
+    _wait_for(out, "waiting for: the Ray Train controller (")
+    ev = str(tmp_path / EVENTS)
+    append_record(ev, {"event": "controller_state", "time": 1.0, "from": "InitializingState", "to": "SchedulingState"})
+    append_record(ev, {"event": "resize_decision", "time": 1.0, "num_workers": 2})
+    _wait_for(out, "[elastic] waiting for: Ray Train workers, 2 starting (")
+    append_record(ev, {"event": "controller_state", "time": 2.0, "from": "SchedulingState", "to": "RunningState"})
+    append_record(ev, {"event": "worker", "time": 3.0, "rank": 1, "world_size": 2})
+    _wait_for(out, "[elastic] waiting for: the workers' model and checkpoint, 1 of 2 ready (")
+    append_record(ev, {"event": "start", "time": 3.0, "world_size": 2, "step": 0, "resumed_from": None,
+                       "attention_backend": "sdpa_mask", "device": "cpu", "param_dtype": "float32"})
+    _wait_for(out, "[elastic] waiting for: the first step (")
+    append_record(str(tmp_path / METRICS), _rec(1, 1001.0))
+    _wait_for(out, "step 1/2")
+    p.waiting_for("the Ray Train controller again")  # after the first step: not start-up any more
+    append_record(ev, {"event": "resize_decision", "time": 5.0, "num_workers": 1})
+    time.sleep(0.5)
+    p.stop()
+    shown = out.getvalue().splitlines()
+    waits = [ln for ln in shown if ln.startswith("[elastic] waiting for: ")]
+    assert [w.split(": ", 1)[1].rsplit(" (", 1)[0] for w in waits] == [
+        "a private Ray instance to start", "the Ray Train controller", "Ray Train workers, 2 starting",
+        "the workers' model and checkpoint, 1 of 2 ready", "the first step"], shown
+    assert all(w.endswith(" s)") for w in waits)
+    assert shown.index("[elastic] ray: started a private local instance") == 1
+    assert len(set(shown)) == len(shown) and "\r" not in out.getvalue()
+
+
+def test_start_up_wait_on_a_terminal_is_one_line_redrawn_and_cleared_at_the_first_step(tmp_path):
+    out = Tty()
+    p = Progress(str(tmp_path), total=2, stream=out, poll_s=0.02, wait_after_s=0.1).start()
+    p.waiting_for("a private Ray instance to start")
+    _wait_for(out, "waiting for: a private Ray instance to start (")
+    p.say("[elastic] ray: started")  # above the waiting line, which stays
+    time.sleep(0.2)
+    assert lines(out.getvalue())[0] == "[elastic] ray: started"
+    assert lines(out.getvalue())[-1].startswith("[elastic] waiting for: a private Ray instance to start (")
+    append_record(str(tmp_path / EVENTS), {"event": "start", "time": 3.0, "world_size": 2, "step": 0})
+    append_record(str(tmp_path / METRICS), _rec(1, 1001.0))
+    _wait_for(out, "1/2")
+    p.stop()
+    final = lines(out.getvalue())
+    assert not any("waiting for" in ln for ln in final), final
+    assert final[0] == "[elastic] ray: started" and final[-2].startswith("[elastic] ") and "1/2" in final[-2]

@@ -4,6 +4,7 @@ written after it is not lost."""
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -91,6 +92,44 @@ def test_one_definition_per_figure_in_summary_report_and_console(tmp_path):
     assert line == "[elastic] done in 30s job time (1s training)"
     # A report rendered later from the directory alone takes the job time from the summary.
     assert load_run_job_s(tmp_path) == 30.0
+
+
+def test_start_up_figures_count_from_the_command_to_its_first_step(tmp_path):
+    """summary.json `startup_s` / `first_step_s`: from the command's start to the beginning / end
+    of the first step written after it (a resumed run's earlier steps are not it), and the same
+    figures in the closing line."""
+    from elastic.launch.driver import JobResult
+
+    append_record(str(tmp_path / METRICS), dict(_step(1, 50.0), step_s=1.0))  # an earlier invocation's
+    append_record(str(tmp_path / METRICS), dict(_step(2, 112.0), step_s=2.5))
+    append_record(str(tmp_path / METRICS), dict(_step(3, 113.0), step_s=1.0))
+    paths = RunPaths(str(tmp_path), str(tmp_path), str(tmp_path))
+    s = summarize(paths, job_s=14.0, checkpoint=None, command_start=100.0)
+    assert (s["startup_s"], s["first_step_s"]) == (9.5, 12.0)
+    assert json.loads((tmp_path / "summary.json").read_text())["first_step_s"] == 12.0
+    line = JobResult(str(tmp_path), str(tmp_path), 14.0, None, s).done()
+    assert line.startswith("[elastic] done in 14s job time (") and line.endswith("start-up 9.5s, first step done at 12.0s)")
+    # No step since the command started (a finished run relaunched): no figures.
+    assert "startup_s" not in summarize(paths, job_s=1.0, checkpoint=None, command_start=200.0)
+
+
+def test_the_command_start_is_the_process_start(tmp_path):
+    """Measured from /proc, so Python's start-up and imports count; the first job of a command
+    takes it, a job after it (chained in the same command) its own start."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); time.sleep(0.5)\n"
+            "from elastic.launch.runtime import startup\n"
+            "startup.command_started(); a = startup.take_command_start(-1.0); b = startup.take_command_start(-1.0)\n"
+            "print(a, b, time.time())")
+    before = time.time()
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parents[1])], capture_output=True,
+                         text=True, check=True).stdout.split()
+    start, chained, now = float(out[0]), float(out[1]), float(out[2])
+    assert before - 0.1 <= start <= before + 0.4 < now, (before, start, now)
+    assert chained == -1.0
 
 
 def load_run_job_s(d) -> float:

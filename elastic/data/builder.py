@@ -333,6 +333,23 @@ class StoreBuilder:
                 self._start(name, self._tail(name, index))
         return f
 
+    async def _cached(self, name: str, index: int) -> bool:
+        """Whether shard `index`'s record is known, or the shard is complete in the cache already
+        (then its record is taken from there): a shard found there needs no pipeline, so a run
+        whose cache is complete starts none (no Ray Data actors: four processes on this machine)."""
+        k = (name, index)
+        if k in self.metas:
+            return True
+        if k in self.claims or self._covered(k) is not None:
+            return False
+        meta, _ = await asyncio.to_thread(self.caches[name].load, self.plans[name].shards[index])
+        if meta is None:  # not built, or incomplete: a pipeline builds it (and says why, see permit)
+            return False
+        if k not in self.metas:  # (a pipeline may have answered meanwhile)
+            self.stats["reused"] += 1
+            self._resolve(k, meta=meta)
+        return True
+
     def _take_orphan(self) -> Optional[Tuple[str, int]]:
         while self.orphans:
             k = self.orphans.pop(0)
@@ -431,6 +448,8 @@ class StoreBuilder:
             return self.metas[k]
         self.demand[k] = self.demand.get(k, 0) + 1
         try:
+            if await self._cached(name, index):
+                return self.metas[k]
             f = self._ensure(name, index)
             await self._notify()
             if f is None:
@@ -443,7 +462,8 @@ class StoreBuilder:
 
     async def ahead(self, name: str, epoch: int, shard_pos: int) -> None:
         """A reader entered stream position (epoch, shard_pos): that shard and the next
-        `build_ahead` may be built. The first call per plan starts its stream pipeline."""
+        `build_ahead` may be built. The first call per plan starts its stream pipeline, unless
+        those shards are all in the cache already."""
         plan = self.plans[name]
         n = plan.num_shards
         pos = epoch * n + shard_pos
@@ -454,7 +474,8 @@ class StoreBuilder:
             self._set_window(name)
         todo = [self._position_index(name, pos + i) for i in range(min(n, self.build_ahead + 1))]
         for i in todo:
-            self._ensure(name, i)
+            if not await self._cached(name, i):
+                self._ensure(name, i)
         await self._notify()
 
     async def rebuild(self, name: str, index: int, reason: str) -> ShardMeta:

@@ -12,8 +12,7 @@ Results go to metrics.jsonl as `eval/<task>/<metric>` on the evaluation steps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, Sequence
 
 import torch
 import torch.nn as nn
@@ -21,18 +20,7 @@ import torch.nn as nn
 from elastic.eval import loglik
 from elastic.eval.evaluate import ItemEvaluator, TokenizerView
 from elastic.eval.metrics import from_sums, partial_sums, sums_len
-from elastic.eval.spec import Doc, TaskSpec
-
-IN_TRAINING_TYPES = ("perplexity", "multiple_choice")
-
-
-@dataclass
-class PlannedTask:
-    """A task read on the driver (checked before any worker starts) and shipped by value."""
-
-    spec: TaskSpec
-    docs: List[Doc]
-    contexts: List[str]  # each item's full context (few-shot examples drawn on the driver)
+from elastic.eval.spec import IN_TRAINING_TYPES, PlannedTask  # noqa: F401  (planned on the driver, without torch)
 
 
 def metric_key(task: str, metric: str) -> str:

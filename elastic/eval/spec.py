@@ -196,3 +196,15 @@ def find_spec(name_or_path: str) -> TaskSpec:
     raise EvalConfigError(f"{name_or_path}: no such task (a YAML path, or one of: {', '.join(have)})")
 
 
+# Task types that run inside training (elastic/eval/in_training.py) on the live model.
+IN_TRAINING_TYPES = ("perplexity", "multiple_choice")
+
+
+@dataclass
+class PlannedTask:
+    """A task read on the driver (checked before any worker starts) and shipped by value to the
+    in-training hook (elastic/eval/in_training.py). Here, without torch: the driver plans it."""
+
+    spec: TaskSpec
+    docs: List[Doc]
+    contexts: List[str]  # each item's full context (few-shot examples drawn on the driver)

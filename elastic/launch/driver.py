@@ -13,25 +13,28 @@ progress live in elastic/launch/runtime; the per-job launches in this package's 
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, TextIO
 
 from elastic.config import Config, run_dir as run_dir_of, to_dict
 from elastic.launch.lora_base import check_lora_base, lora_base_record
-from elastic.launch.runtime.cluster import connect, resolve_cluster, wait_for_resources
+from elastic.launch.runtime.cluster import (CONNECTED, FROM_ENV, PRIVATE, connect, private_instance, resolve_cluster,
+                                            wait_for_resources)
 from elastic.launch.runtime.fit import fit_to_gpus
 from elastic.launch.runtime.lease import RunLease
 from elastic.launch.runtime.progress import Progress
-from elastic.launch.runtime.recovery_callback import RecoveryEventsCallback
+from elastic.launch.runtime.startup import first_step_figures, take_command_start
 from elastic.launch.runtime.stop import as_stop, call_interruptibly, disconnect, stopped_by
 from elastic.report import build_report
 from elastic.report.recovery import analyze
-from elastic.train import checkpoint as ckpt_lib
+from elastic.train import checkpoint_files as ckpt_lib
 
 
 @dataclass
@@ -113,7 +116,10 @@ def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_c
     failure retries, the recovery-events callback. `loop_config` adds job inputs to the
     train_loop_config (which always carries the config, run paths and the device choice)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
+
+    from elastic.launch.runtime.lean_train import trainer_class
+    from elastic.launch.runtime.recovery_callback import RecoveryEventsCallback
 
     s = cfg.scaling
     # Read by the Ray Train controller (Ray propagates it from the driver).
@@ -132,7 +138,7 @@ def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_c
     storage = paths.run_dir.rsplit("/", 1)[0]
     if cfg.model.lora.rank > 0:  # what the adapters apply to, recorded in every checkpoint
         loop_config = {**loop_config, "lora_base": lora_base_record(cfg)}
-    return TorchTrainer(
+    return trainer_class(private_instance())(
         loop_fn,
         train_loop_config={"cfg": to_dict(cfg), "run_dir": paths.run_dir, "local_dir": paths.local_dir,
                            "records_dir": paths.records_dir, "use_gpu": gpu,
@@ -151,6 +157,46 @@ def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_c
     )
 
 
+# What building a trainer imports: Ray Train and torch (ray.train.torch; 3.6 CPU-seconds here).
+# `run_job` imports them in a background thread while it starts or joins the cluster (mostly a
+# wait for Ray's processes), so the driver's own start-up does not wait for them.
+TRAINER_MODULES = ("ray.train.torch", "elastic.launch.runtime.lean_train", "elastic.launch.runtime.recovery_callback")
+
+
+# Modules that both `ray.init` (lazily) and TRAINER_MODULES import (Ray 2.60): imported before
+# the background import starts, so the two threads never import one module at once. (Python
+# detects a cycle of two threads' import locks and fails one of the imports.)
+RAY_INIT_MODULES = ("ray._common.usage.usage_lib", "ray.dashboard", "argparse", "gzip", "pkgutil", "socketserver",
+                    "timeit")
+
+
+def preload(modules=TRAINER_MODULES, background: bool = True) -> Optional[threading.Thread]:
+    """Import `modules` in a daemon thread (returned), or here when not `background`; an import
+    that fails here fails again, with its message, where the module is used. Call it before
+    `ray.init` (RAY_INIT_MODULES). Not in the background under `ray job submit`: connecting
+    there can unpack the job's working directory again, under an import of one of ours (see
+    elastic/launch/pretrain.py's imports)."""
+    for name in RAY_INIT_MODULES:  # 0.02 CPU-seconds
+        try:
+            importlib.import_module(name)
+        except Exception:
+            pass
+
+    def load() -> None:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:
+                return
+
+    if not background:
+        load()
+        return None
+    t = threading.Thread(target=load, name="elastic-preload", daemon=True)
+    t.start()
+    return t
+
+
 @dataclass
 class JobResult:
     run_dir: str
@@ -163,9 +209,13 @@ class JobResult:
     records_dir: str = ""  # metrics/events/ledger (the run dir, local or URI)
 
     def done(self) -> str:
-        """The head of every job's closing console line: its job time and training time, named."""
-        t = self.summary.get("training_s")
-        return f"[elastic] done in {self.job_s:.0f}s job time" + (f" ({t:.0f}s training)" if t else "")
+        """The head of every job's closing console line: its job time, training time and start-up
+        (the command's start to its first step's beginning and end), named."""
+        s = self.summary
+        parts = [f"{s['training_s']:.0f}s training"] if s.get("training_s") else []
+        if s.get("first_step_s") is not None:
+            parts.append(f"start-up {s['startup_s']:.1f}s, first step done at {s['first_step_s']:.1f}s")
+        return f"[elastic] done in {self.job_s:.0f}s job time" + (f" ({'; '.join(parts)})" if parts else "")
 
 
 def ray_logs_dir() -> str:
@@ -178,11 +228,14 @@ def ray_logs_dir() -> str:
         return "the Ray session's logs/ directory on the head node"
 
 
-def summarize(paths: RunPaths, job_s: float, checkpoint: Optional[str], report: Optional[dict] = None) -> dict:
+def summarize(paths: RunPaths, job_s: float, checkpoint: Optional[str], report: Optional[dict] = None,
+              command_start: Optional[float] = None) -> dict:
     """summary.json. Its figures have one definition each, the report's and the console's:
     `job_s` (job time: the driver's lease to the end of training), `training_s` (training time:
     first worker start to last step, goodput's denominator, elastic/report/recovery.py),
-    `tokens_per_s` and `mfu` over the steady steps (elastic/report/bottleneck.py throughput)."""
+    `tokens_per_s` and `mfu` over the steady steps (elastic/report/bottleneck.py throughput),
+    `first_step_s` (the command's start to the end of this job's first step) and `startup_s`
+    (the command's start to that step's beginning; elastic/launch/runtime/startup.py)."""
     from elastic.records import METRICS, read_records
 
     mpath = os.path.join(paths.records_dir, METRICS)
@@ -204,6 +257,8 @@ def summarize(paths: RunPaths, job_s: float, checkpoint: Optional[str], report: 
             mean = lambda rs, k: sum(r[k] for r in rs) / len(rs)  # noqa: E731
             s["reward"] = {"window": w, "first": mean(rl[:w], "reward_mean"), "last": mean(rl[-w:], "reward_mean"),
                            "first_pass": mean(rl[:w], "pass_rate"), "last_pass": mean(rl[-w:], "pass_rate")}
+        if command_start is not None:
+            s.update(first_step_figures(recs, command_start))
         held = heldout_summary(recs)
         if held:
             s["heldout"] = held
@@ -291,10 +346,11 @@ def run_job(cfg: Config, launch: JobLaunch, out: Optional[TextIO] = None, progre
         say(f"[elastic] warning: pid {rec.get('pid')} on {rec.get('host')} took over the lease of {paths.run_dir}: "
             "this run's heartbeat stalled past the lease TTL")
 
+    command_start = take_command_start(time.time())
     paths = run_paths(cfg)
     choice = resolve_cluster()
     try:
-        return _run(cfg, launch, paths, choice, say, lost, out, progress)
+        return _run(cfg, launch, paths, choice, say, lost, out, progress, command_start)
     except BaseException as e:  # stopped by a signal (runtime/stop.py): say where the run can resume
         stopped = as_stop(e)
         if stopped is None:
@@ -319,14 +375,36 @@ def resume_checkpoint(run_dir: str) -> Optional[str]:
         return found[0] if found else None
 
 
-def _run(cfg: Config, launch: JobLaunch, paths: RunPaths, choice, say, lost, out: TextIO, progress: bool) -> JobResult:
+def _run(cfg: Config, launch: JobLaunch, paths: RunPaths, choice, say, lost, out: TextIO, progress: bool,
+         command_start: float) -> JobResult:
+    # The progress line follows the run once the lease is taken: until the first step it says
+    # what the job waits for when a phase takes a while (runtime/progress.py), and the driver's
+    # lines go through it. (It follows a local metrics file; records on object stores have none.)
+    follow = Progress(paths.records_dir if "://" not in paths.records_dir else paths.local_dir, cfg.train.steps,
+                      cfg.train.until_step or cfg.train.steps, stream=out)
+    try:
+        return _run_followed(cfg, launch, paths, choice, follow.say if progress else say, follow.waiting_for, lost,
+                             progress, follow, command_start)
+    finally:
+        follow.stop()  # (a follower never started stops at once)
+
+
+def _run_followed(cfg: Config, launch: JobLaunch, paths: RunPaths, choice, say, wait, lost, progress: bool,
+                  follow: Progress, command_start: float) -> JobResult:
     with RunLease(paths.run_dir, on_lost=lost) as lease:
+        if progress:
+            follow.start()
         os.makedirs(paths.local_dir, exist_ok=True)
         t0 = time.time()
+        wait("the job's plan: its data, tokenizer and inputs")
         launch.plan(cfg, paths, say)
         check_lora_base(cfg, paths.run_dir)  # LoRA: the adapters' base is the one they were trained on
         with open(os.path.join(paths.local_dir, "config.json"), "w") as f:
             json.dump(to_dict(cfg), f, indent=2)
+        # While the cluster starts (after planning: it would share the GIL with it).
+        loading = preload(background=choice.kind != FROM_ENV)
+        wait("a private Ray instance to start" if choice.kind == PRIVATE else
+             "this process's Ray connection" if choice.kind == CONNECTED else f"the Ray cluster at {choice.address}")
         choice = connect(choice, private_cpus(cfg), worker_env())
         say(choice.describe())
         prev = lease.took_over
@@ -348,14 +426,15 @@ def _run(cfg: Config, launch: JobLaunch, paths: RunPaths, choice, say, lost, out
                 with open(os.path.join(paths.local_dir, "config.json"), "w") as f:
                     json.dump(to_dict(cfg), f, indent=2)
         bundles, words = required_bundles(cfg, gpu)
+        wait(f"the cluster's resources for {words}")
         wait_for_resources(bundles, words, cfg.scaling.resource_wait_s, "scaling.resource_wait_s")
         try:
+            wait("the job's services and its trainer")
             launch.start(cfg, paths)
+            if loading is not None:
+                loading.join()
             trainer = launch.trainer(cfg, paths, gpu)
-            # (the progress line follows a local metrics file; records on object stores have none)
-            follow = Progress(paths.records_dir if "://" not in paths.records_dir else paths.local_dir, cfg.train.steps, cfg.train.until_step or cfg.train.steps, stream=out)
-            if progress:
-                follow.start()
+            wait("the Ray Train controller")
             try:
                 result = call_interruptibly(trainer.fit)
             finally:
@@ -377,7 +456,7 @@ def _run(cfg: Config, launch: JobLaunch, paths: RunPaths, choice, say, lost, out
         from elastic.records import EVENTS, read_records
 
         stops = [e for e in read_records(os.path.join(paths.records_dir, EVENTS)) if e.get("event") == "stop" and e["time"] >= t0]
-        summary = summarize(paths, job_s, ckpt, report)
+        summary = summarize(paths, job_s, ckpt, report, command_start)
         return JobResult(paths.run_dir, paths.local_dir, job_s, ckpt, summary, ray_logs_dir(),
                               stopped=stops[-1]["reason"] if stops else None, records_dir=paths.records_dir)
 

@@ -198,7 +198,7 @@ def run_grpo(cfg: Config, out: Optional[TextIO] = None, progress: bool = True) -
 
 
 def latest_checkpoint(run_dir: str) -> Optional[str]:
-    from elastic.train.checkpoint import latest_complete
+    from elastic.train.checkpoint_files import latest_complete
 
     found = latest_complete(run_dir)
     return found[0] if found else None

@@ -75,7 +75,7 @@ def check_lora_base(cfg: Config, run_dir: str) -> Optional[Dict[str, Any]]:
     """Before Ray starts: the run's latest checkpoint and this config agree on LoRA (both or
     neither; same base content, rank and targets). Returns this run's record (None without
     LoRA). ConfigError, one line, otherwise."""
-    from elastic.train.checkpoint import latest_complete
+    from elastic.train.checkpoint_files import latest_complete
 
     lora = cfg.model.lora.rank > 0
     found = latest_complete(run_dir)

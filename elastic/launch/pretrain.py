@@ -14,12 +14,12 @@ from elastic.data.cursor import Cursor
 from elastic.data.pipeline import DataPlan
 from elastic.launch.data_plans import JobData, plan_job_data
 from elastic.launch.driver import JOB_WORK_ENV, JobLaunch, JobResult, RunPaths, build_torch_trainer, run_job
-from elastic.train import checkpoint as ckpt_lib
+from elastic.train import checkpoint_files as ckpt_lib
 # Imported here, before any Ray activity: under `ray job submit` the job's working dir can be
 # unpacked again while this driver runs (seen: a lazy import right after the store builder
 # started failed with ModuleNotFoundError).
 from elastic.data.builder import start_builder
-from elastic.train.loop import train_loop_per_worker
+from elastic.train.entry import train_loop_per_worker
 
 
 def plan_data(cfg: Config, paths: RunPaths, kind: str = "pretrain") -> JobData:
@@ -75,8 +75,7 @@ def plan_eval_tasks(cfg: Config) -> list:
     if not cfg.eval.tasks:
         return []
     from elastic.config import ConfigError
-    from elastic.eval.in_training import IN_TRAINING_TYPES, PlannedTask
-    from elastic.eval.spec import EvalConfigError
+    from elastic.eval.spec import IN_TRAINING_TYPES, EvalConfigError, PlannedTask
     from elastic.launch.eval import load_task
 
     out = []

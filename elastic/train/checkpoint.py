@@ -55,15 +55,12 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-STATE_FILE = "train_state.json"
-DIR_RE = re.compile(r"^step_(\d{8})$")
+# Names and readers of the files on storage live in a torch-free module (the driver reads them):
+from elastic.train.checkpoint_files import DIR_RE, STATE_FILE, checkpoint_dir_name, latest_complete, read_train_state  # noqa: F401
+
 PARTIAL = ".partial"  # `step_NNNNNNNN.partial`: a local checkpoint still being written
 STAGE_PREFIX = "elastic-ckpt-"  # local stage dirs: elastic-ckpt-<pid>-XXXX in the temp dir
 STAGE_RE = re.compile(rf"^{STAGE_PREFIX}(\d+)-")
-
-
-def checkpoint_dir_name(step: int) -> str:
-    return f"step_{step:08d}"
 
 
 def is_remote(path: str) -> bool:
@@ -209,46 +206,8 @@ def load(path: str, model: torch.nn.Module, optimizer: Optional[torch.optim.Opti
     return read_train_state(path)
 
 
-def read_train_state(path: str) -> Dict[str, Any]:
-    with open(os.path.join(path, STATE_FILE)) as f:
-        return json.load(f)
-
-
 def cleanup_local(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
-
-
-def latest_complete(run_dir: str) -> Optional[Tuple[str, Dict[str, Any]]]:
-    """Newest `step_*` directory under `run_dir` whose files look complete (state, metadata
-    and one shard file per writing rank); works for local paths and pyarrow URIs.
-
-    Used driver-side to seek the data stream; workers still load what Ray Train hands them
-    and re-align if the two disagree (e.g. a checkpoint copied but never registered)."""
-    import pyarrow.fs as pafs
-
-    if "://" in run_dir:
-        fs, base = pafs.FileSystem.from_uri(run_dir)
-    else:
-        fs, base = pafs.LocalFileSystem(), run_dir
-    try:
-        entries = fs.get_file_info(pafs.FileSelector(base, allow_not_found=True))
-    except Exception:
-        return None
-    dirs = sorted((e.base_name for e in entries if e.type == pafs.FileType.Directory and DIR_RE.match(e.base_name)), reverse=True)
-    for name in dirs:
-        d = f"{base.rstrip('/')}/{name}"
-        try:
-            names = {e.base_name for e in fs.get_file_info(pafs.FileSelector(d))}
-            if STATE_FILE not in names or ".metadata" not in names:
-                continue
-            with fs.open_input_stream(f"{d}/{STATE_FILE}") as s:
-                state = json.loads(s.read().decode())
-        except Exception:
-            continue
-        shards = [n for n in names if n.endswith(".distcp")]
-        if len(shards) >= int(state.get("world_size", 1)):
-            return (f"{run_dir.rstrip('/')}/{name}", state)
-    return None
 
 
 @dataclass

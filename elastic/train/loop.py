@@ -24,7 +24,7 @@ from elastic.records import EVENTS, LEDGER, METRICS, append_record
 from elastic.train.checkpoint import Checkpointer, TrainState
 from elastic.train.guard import StabilityGuard
 from elastic.train.job import Job, WorkerContext
-from elastic.train.metrics import MetricsWriter, init_wandb, peak_flops
+from elastic.train.metrics import MetricsWriter, init_wandb_async, peak_flops
 from elastic.train.optim import build_optimizer, build_scheduler
 from elastic.train.parallelize import parallelize
 from elastic.train.profiling import StepProfiler
@@ -203,6 +203,10 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
     records_dir: str = config.get("records_dir", local_dir)
     rctx = ray.train.get_context()
     rank, world = rctx.get_world_rank(), rctx.get_world_size()
+    # wandb starts in the background from here (rank 0): its import and service take seconds,
+    # which the model's build and the first step cover (elastic/train/metrics.py).
+    wb = init_wandb_async(cfg.wandb.mode, cfg.wandb.project, cfg.wandb.entity, cfg.run.name, local_dir,
+                          config["cfg"]) if rank == 0 else None
     device = resolve_device(config["use_gpu"])
     if device.type == "cpu":
         # This (training) thread's own pool; the launcher sets OMP_NUM_THREADS=1 so the actor's
@@ -271,7 +275,6 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
     peak, peak_src = peak_flops(device)
     writer = None
     if rank == 0:
-        wb = init_wandb(cfg.wandb.mode, cfg.wandb.project, cfg.wandb.entity, cfg.run.name, local_dir, config["cfg"])
         writer = MetricsWriter(os.path.join(records_dir, METRICS), wb)
     ledger = os.path.join(records_dir, LEDGER) if cfg.data.ledger else None
     timer = StepTimer(device)

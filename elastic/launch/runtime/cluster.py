@@ -18,20 +18,22 @@ A private instance is lean, because it shares the machine with the job's own wor
 on few cores every extra Ray process slows the step: a Ray Python process costs 0.8-0.9% of a
 core even when idle, and when the training threads fill the cores, whatever CPU another
 process takes comes out of the step (bench/step_overhead.py measures every process's share;
-README "step inside the product": 0.82x -> 0.95x of the step outside Ray). It runs without
-the dashboard, without the log monitor (it tails every worker log
-10 times a second for drivers that asked for logs; ours ask for none), and without Ray Train's
-metrics export and preemption watcher (PRIVATE_TRAIN_ENV), none of which one job-owned
-machine uses. The cost: Ray Train's placement-group cleaner asks the dashboard's state API
-every second whether the controller lives, and without it writes a warning to its own log
-file each second (never to the console); the placement groups it would clean up die with the
-instance anyway. Whoever wants the dashboard starts `ray start --head`, which the job joins.
+README "step inside the product": 0.82x -> 0.95x of the step outside Ray), and at start-up
+every process started competes with the job's own. It runs without the dashboard (Ray's API
+server runs without its modules), without the autoscaler's monitor and the log monitor (it
+tails every worker log 10 times a second for drivers that asked for logs; ours ask for none:
+PRIVATE_SKIPPED_DAEMONS), without Ray Train's metrics export and preemption watcher (PRIVATE_TRAIN_ENV),
+without the idle workers Ray prestarts for a first driver (PRIVATE_SYSTEM_CONFIG), and without
+Ray Train's placement-group cleaner and autoscaling coordinator (lean_train.py), none of which
+one job-owned machine uses. Whoever wants the dashboard starts `ray start --head`, which the
+job joins.
 It is started with token auth chosen explicitly (`RAY_AUTH_MODE=token`, Ray's default for
 new instances), which is secure and spares the "token authentication is enabled" notice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -145,9 +147,45 @@ def choose_token_auth() -> None:
 PRIVATE_TRAIN_ENV = {"RAY_TRAIN_METRICS_ENABLED": "0", "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
 
+# Ray prestarts one idle worker process per CPU for the first driver, without the job's
+# runtime environment; every process of ours asks for that environment (the driver's env_vars),
+# so Ray starts new ones and the prestarted ones idle: 0.7 CPU-seconds each at start-up, taken
+# from the job's own processes.
+PRIVATE_SYSTEM_CONFIG = {"prestart_worker_first_driver": False}
+
+
 def private_instance_env() -> Dict[str, str]:
     """PRIVATE_TRAIN_ENV, with the user's own value wherever they set one (theirs wins)."""
     return {k: os.environ.get(k, v) for k, v in PRIVATE_TRAIN_ENV.items()}
+
+
+# Head-node daemons Ray starts for every new instance that a private instance does not use
+# (module docstring): the autoscaler's monitor (one machine never grows; only `ray status` reads
+# what it reports) and the log monitor (ours ask for no worker logs). Each is a Python process:
+# 0.7-0.8 CPU-seconds to start on the 2-core machine while the job starts its own, then a share
+# of a core while idle. (The dashboard's API server stays, though it runs no dashboard: without
+# it the dashboard agent logs a failed lookup of its address every second.)
+PRIVATE_SKIPPED_DAEMONS = ("start_monitor", "start_log_monitor")
+
+
+@contextlib.contextmanager
+def without_daemons(names=PRIVATE_SKIPPED_DAEMONS):
+    """While a private instance starts, its node skips the daemons `names` (Ray has no switch for
+    them in `ray.init`; this uses its node class's start methods, best effort: another Ray
+    starts them)."""
+    try:
+        from ray._private.node import Node
+    except ImportError:
+        yield
+        return
+    saved = {n: Node.__dict__[n] for n in names if n in Node.__dict__}
+    for n in saved:
+        setattr(Node, n, lambda self, *args, **kwargs: None)
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(Node, n, f)
 
 
 def stop_log_monitor() -> None:
@@ -159,6 +197,16 @@ def stop_log_monitor() -> None:
         worker._global_node.kill_log_monitor(check_alive=False)
     except Exception as e:  # a private API: never fail a job over it
         logging.getLogger(__name__).debug("log monitor left running: %s", e)
+
+
+_private_address: list = []  # the GCS address of the private instance this process started
+
+
+def private_instance() -> bool:
+    """Whether this process is connected to a private instance it started (connect)."""
+    import ray
+
+    return bool(_private_address) and ray.is_initialized() and ray.get_runtime_context().gcs_address == _private_address[-1]
 
 
 def connect(choice: ClusterChoice, num_cpus: int, env_vars: Dict[str, str]) -> ClusterChoice:
@@ -184,9 +232,11 @@ def connect(choice: ClusterChoice, num_cpus: int, env_vars: Dict[str, str]) -> C
             quiet_train = private_instance_env()
             for k, v in quiet_train.items():  # the driver reads some, the controller actor the others
                 os.environ.setdefault(k, v)
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
-                     runtime_env={"env_vars": {**quiet_train, **env_vars}}, **quiet)
-            stop_log_monitor()
+            with without_daemons():
+                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                         runtime_env={"env_vars": {**quiet_train, **env_vars}}, _system_config=PRIVATE_SYSTEM_CONFIG, **quiet)
+            stop_log_monitor()  # (when without_daemons could not keep it from starting)
+            _private_address.append(ray.get_runtime_context().gcs_address)
         reinstall()  # ray.init replaced the SIGTERM handler of an entry point (stop.py)
     except (ConnectionError, RuntimeError, ValueError) as e:
         where = f"the cluster at {choice.address} ({choice.kind})" if choice.address else "a private local Ray instance"

@@ -13,6 +13,15 @@ and in between at least every `interval_s` seconds, so a short run's console sta
 length however slow the machine is and a long run still shows it is alive.
 Events print as their own lines. Fields that some jobs add (`reward_mean`, `kl`, ...) are
 shown when present.
+
+Until the first step, the line says what the job is waiting for when a start-up phase takes
+longer than `wait_after_s` (5 s): `[elastic] waiting for: Ray Train workers, 2 starting (5 s)`.
+The driver names its own phases (`waiting_for`: the job's plan, the cluster, resources, the
+job's services); the rest come from the records (the controller's and workers' events: the
+controller, the worker group, the workers' model and checkpoint, the first step). In a log each
+phase that takes that long gets one line, printed once; on a terminal one line is redrawn in
+place with the phase's seconds, and cleared when the first step is done. Later waits (a restart)
+have their own event lines.
 """
 
 from __future__ import annotations
@@ -60,7 +69,7 @@ class Progress:
 
     def __init__(self, local_dir: str, total: int, stop_step: Optional[int] = None, stream: Optional[IO[str]] = None,
                  tty: Optional[bool] = None, interval_s: float = 300.0, milestones: int = 10, poll_s: float = 0.5,
-                 prefix: str = "[elastic]"):
+                 prefix: str = "[elastic]", wait_after_s: float = 5.0):
         self.metrics = os.path.join(local_dir, METRICS)
         self.events = os.path.join(local_dir, EVENTS)
         self.total, self.stop_step = total, stop_step or total
@@ -81,6 +90,15 @@ class Progress:
         self._offsets = {self.metrics: 0, self.events: 0}
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._lock = threading.RLock()  # one writer at a time: the follower, the driver's lines
+        self._stopped = False
+        # Start-up: the phase waited for (what, since when, shown yet), until the first step.
+        self.wait_after_s = wait_after_s
+        self._phase: Optional[List] = None
+        self._started_up = False
+        self._waiting_shown = False  # a terminal's waiting line is drawn
+        self._workers = 0            # the worker group's size (resize decision)
+        self._ready = 0              # workers that have built their model (`worker` events)
 
     # -- formatting -----------------------------------------------------------------------
     def eta_s(self) -> Optional[float]:
@@ -130,6 +148,21 @@ class Progress:
         cols = shutil.get_terminal_size((120, 24)).columns
         return line[:max(20, cols - 1)]
 
+    def _phase_from_event(self, e: Dict) -> None:
+        """The start-up phase an event begins (the controller's and the workers' records)."""
+        kind = e.get("event")
+        if kind == "resize_decision":
+            self._workers, self._ready = int(e.get("num_workers") or 0), 0
+            self.waiting_for(f"Ray Train workers, {self._workers} starting")
+        elif kind == "controller_state" and e.get("to") == "RunningState":
+            self.waiting_for(f"the workers' model and checkpoint, {self._ready} of {self._workers or '?'} ready")
+        elif kind == "worker":
+            self._ready += 1
+            if self._phase is not None and self._phase[0].startswith("the workers' "):
+                self._phase[0] = f"the workers' model and checkpoint, {self._ready} of {self._workers or '?'} ready"
+        elif kind == "start":
+            self.waiting_for("the first step")
+
     def event_line(self, e: Dict) -> Optional[str]:
         kind = e.get("event")
         if kind == "start":
@@ -154,14 +187,57 @@ class Progress:
             pass  # a closed console must not take the run down
 
     def _line(self, text: str) -> None:
-        """A line of its own, above the bar when one is shown."""
-        if self._bar_shown:
-            self._write("\r\x1b[2K")
-        self._write(text + "\n")
-        if self._bar_shown and self.last:
-            self._write(self.bar_line())
+        """A line of its own, above the bar (or a terminal's waiting line) when one is shown."""
+        with self._lock:
+            if self._bar_shown or self._waiting_shown:
+                self._write("\r\x1b[2K")
+            self._write(text + "\n")
+            if self._bar_shown and self.last:
+                self._write(self.bar_line())
+            elif self._waiting_shown:
+                self._write(self.waiting_line())
+
+    def say(self, text: str) -> None:
+        """A line of the driver's own (it keeps a terminal's waiting line below it)."""
+        self._line(text)
+
+    # -- start-up: what the job waits for ---------------------------------------------------
+    def waiting_for(self, what: str) -> None:
+        """A start-up phase begins now: `what` is shown if it lasts `wait_after_s`. Ignored once
+        the first step is done."""
+        with self._lock:
+            if not self._started_up:
+                self._phase = [what, time.monotonic(), False]
+
+    def waiting_line(self) -> str:
+        what, since, _ = self._phase
+        return f"{self.prefix} waiting for: {what} ({time.monotonic() - since:.0f} s)"
+
+    def _show_waiting(self) -> None:
+        with self._lock:
+            if self._phase is None or self._started_up:
+                return
+            if time.monotonic() - self._phase[1] < self.wait_after_s:
+                return
+            if self.tty:
+                self._write("\r\x1b[2K" + self.waiting_line())
+                self._waiting_shown = True
+            elif not self._phase[2]:
+                self._write(self.waiting_line() + "\n")
+                self._phase[2] = True
+
+    def _end_startup(self) -> None:
+        with self._lock:
+            self._started_up, self._phase = True, None
+            if self._waiting_shown:
+                self._write("\r\x1b[2K")
+                self._waiting_shown = False
 
     def _show(self, final: bool = False) -> None:
+        with self._lock:
+            self._show_locked(final)
+
+    def _show_locked(self, final: bool = False) -> None:
         if not self.last:
             return
         if self.tty:
@@ -185,6 +261,8 @@ class Progress:
             if e.get("event") == "start":
                 self.window.clear()  # a new worker group: its pace is what counts now
                 self.rate_window.clear()
+            if not self._started_up:
+                self._phase_from_event(e)
             text = self.event_line(e)
             if text:
                 self._line(text)
@@ -195,8 +273,11 @@ class Progress:
                 if not r.get("warmup"):
                     self.rate_window.append(r)
                 self.last = r
+        if self.last is not None and not self._started_up:
+            self._end_startup()
         if recs:
             self._show()
+        self._show_waiting()
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -216,19 +297,27 @@ class Progress:
         return self
 
     def stop(self) -> None:
-        """Show what is left (the final step) and end the bar's line."""
+        """Show what is left (the final step) and end the bar's line. Once: later calls, and
+        lines said after it, just print."""
+        if self._stopped or self._thread is None:  # (never started: nothing to show)
+            self._stopped = True
+            return
+        self._stopped = True
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self._end_startup()  # (a wait is not news once the job is over)
         try:
             self.poll()
         except Exception:
             pass
-        if self.tty:
-            if self._bar_shown:
-                self._write("\n")
-        else:
-            self._show(final=True)
+        with self._lock:
+            if self.tty:
+                if self._bar_shown:
+                    self._write("\n")
+                    self._bar_shown = False
+            else:
+                self._show_locked(final=True)
 
     def __enter__(self) -> "Progress":
         return self.start()
