@@ -147,23 +147,6 @@ def read_records(path: str) -> List[Dict[str, Any]]:
 
 def read_new_records(path: str, offset: int = 0) -> Tuple[List[Dict[str, Any]], int]:
     """Records in the *complete* lines after byte `offset`, and the offset just past the last
-    complete line: for following a file another process is appending to. A line still being
-    written is left for the next call; a complete line that does not parse is skipped."""
-    try:
-        with open(_local(path), "rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return [], offset
-    end = data.rfind(b"\n")
-    if end < 0:
-        return [], offset
-    recs = [r for r in (_parse(raw) for raw in data[:end].split(b"\n")) if r is not None]
-    return recs, offset + end + 1
-
-
-def read_new_records(path: str, offset: int = 0) -> Tuple[List[Dict[str, Any]], int]:
-    """Records in the *complete* lines after byte `offset`, and the offset just past the last
     complete line: for following a local file another process is appending to. A line still
     being written is left for the next call; a complete line that does not parse is skipped."""
     try:
