@@ -363,6 +363,35 @@ def test_pool_holds_a_partial_batch_until_it_fills_or_a_caller_waits(ray_local, 
     assert stats["batches"] == 2 and stats["mean_batch"] == 2.5, stats
 
 
+def test_a_batching_pool_keeps_what_waits_and_the_first_free_actor_takes_the_next_share(ray_local, tmp_path):
+    """One batch call per actor at a time: what is pending stays in the pool's queue (not
+    behind a busy actor), and each actor that frees takes its share of it, so the tail of a
+    step's rewards is spread over the actors instead of queued behind one."""
+    from elastic.config.schema import RewardSection
+    from elastic.reward.pool import RewardPool
+
+    section = RewardSection(kind="python_tests", num_actors=2, batch_size=8, max_in_flight_per_actor=2,
+                            cache_dir=str(tmp_path))
+    slow = "import time\ndef add(a, b):\n    time.sleep(0.05)\n    return a + b\n"
+    pool = RewardPool(section, tasks=_add_tasks())
+    try:
+        for i in range(24):
+            pool.submit(i, "add", f"```python\n{slow}# {i}\n```", dispatch=False)
+        pool.flush()
+        first = pool.stats()
+        got, most = {}, 0
+        while len(got) < 24:
+            got.update(pool.poll(0.05))
+            most = max([most] + pool.stats()["calls_per_actor"])
+        stats = pool.stats()
+    finally:
+        pool.shutdown()
+    assert first["calls_per_actor"] == [1, 1] and first["in_flight"] == 16 and first["queue_length"] == 8, first
+    assert most == 1  # never a second batch queued on a busy actor (max_in_flight_per_actor applies to single items)
+    assert all(r.status == "ok" for r in got.values())
+    assert stats["batches"] == 4 and stats["mean_batch"] == 6.0, stats  # 8 + 8, then the last 8 split 4 + 4
+
+
 def _evaluating_many():
     from tests.reward_helpers import own_process
 

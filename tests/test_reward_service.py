@@ -34,13 +34,14 @@ def service(ray_local, tmp_path_factory):
     client.shutdown()
 
 
-def _caller(name: str, items, expected_keys):
-    """A train worker: connect by name, stream completions one by one, then wait for all."""
+def _caller(name: str, items, expected_keys, wait: bool = True):
+    """A train worker: connect by name, stream completions one by one (without waiting for the
+    service's answer, as GRPO's trainers do, when `wait` is False), then wait for all."""
     from elastic.reward.service import connect
 
     client = connect(name)
     for key, pid, completion in items:
-        client.submit([(key, pid, completion)])
+        assert (client.submit([(key, pid, completion)], wait=wait) is None) == (not wait)
         time.sleep(0.01)
     got = client.results(expected_keys, timeout_s=240)
     return {k: r.status for k, r in got.items()}
@@ -54,7 +55,7 @@ def test_two_concurrent_streaming_callers(service, problems):
     keyed = [(f"0:{i // 2}:{i % 2}", pid, c) for i, (pid, c) in enumerate(items)]
     halves = [keyed[0::2], keyed[1::2]]  # two workers, interleaved samples
     before = service.stats()["evaluations"]
-    refs = [caller.remote(service.name, h, [k for k, _, _ in h]) for h in halves]
+    refs = [caller.remote(service.name, h, [k for k, _, _ in h], wait) for h, wait in zip(halves, (True, False))]
     got = {}
     for part in ray.get(refs, timeout=300):
         got.update(part)
@@ -125,6 +126,9 @@ def test_service_gone_is_a_clear_error(ray_local, problems, tmp_path):
     with pytest.raises(RewardServiceError, match="is gone"):
         client.results(["k"], timeout_s=120)
     assert time.monotonic() - t0 < 30
+    client.submit([("k2", "pair-sum", fence(lang, src))], wait=False)  # sent without waiting: its failure shows next
+    with pytest.raises(RewardServiceError, match="is gone"):
+        client.results(["k2"], timeout_s=120)
     with pytest.raises(RewardServiceError, match="no reward service named"):
         connect(name, timeout_s=1)
 

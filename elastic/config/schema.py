@@ -260,6 +260,9 @@ class RewardSection:
     # Custom resource each reward actor requests besides 1 CPU, so actors land on CPU nodes.
     # Empty: none requested.
     actor_resource: str = ""
+    # Calls queued on one actor at once (single-item verifiers). A batching verifier
+    # (python_tests at batch_size > 1) gets one call per actor: the rest waits in the pool,
+    # which gives it to whichever actor frees first.
     max_in_flight_per_actor: int = 2
     # python_tests: up to this many programs per actor call, run in one sandbox by one warm
     # harness (harness.py --batch) instead of one sandbox and one interpreter start each.
@@ -267,8 +270,8 @@ class RewardSection:
     # solutions): 13.3 ms of CPU per program in batches of 8 vs 33.8 ms one sandbox each (24.3
     # ms unsandboxed, one process each); a 2-actor pool scores 64 in 0.71 s vs 1.84 s at 1
     # (paired median 2.64x). With reward.batch_wait_s the batches GRPO's waiting step sends are
-    # what is pending, split over the free actors (a 16 x 4 python-tasks step: 2 of ~20 rather
-    # than 6 of 8 interpreter starts). 1: one program per call.
+    # what is pending, split over all the actors in shares of at least 4 (a 16 x 4
+    # python-tasks step: 4-6 interpreter starts rather than 8+). 1: one program per call.
     batch_size: int = 32
     # While no caller waits for results, a partial batch is held up to this long (from its
     # oldest item) to fill: completions trickling in during generation are then not evaluated

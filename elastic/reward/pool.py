@@ -10,7 +10,9 @@ One mechanism serves both callers: :meth:`RewardPool.submit` enqueues a completi
   a *label* ("this node may host reward actors", e.g. ``ray start --resources
   '{"reward": 1}'``); CPUs bound how many land on a node, the label only decides where.
 * At most ``max_in_flight_per_actor`` calls are queued on each actor (bounded memory, and no
-  long tail stuck behind one slow actor); the rest wait in the pool's queue.
+  long tail stuck behind one slow actor); the rest wait in the pool's queue. A batching
+  verifier gets one call per actor at a time: a batch queued behind a busy actor could not
+  move to one that frees first.
 * Batches: when a verifier scores several completions at once cheaper than one by one
   (``python_tests``: one sandbox and one interpreter for the batch), a call carries up to
   ``reward.batch_size`` items through ``RewardActor.evaluate_many``: no Ray round trip per
@@ -18,8 +20,8 @@ One mechanism serves both callers: :meth:`RewardPool.submit` enqueues a completi
   most ``reward.batch_wait_s`` (from its oldest item), so completions that trickle in during
   generation are not evaluated in ones and twos, each paying a sandbox and an interpreter start
   on the cores generation uses; once a caller waits for results (:meth:`flush`: the service's
-  ``results``, ``evaluate_batch``) whatever is pending goes at once, spread over the free
-  actors. A batch's deadline is ``item_deadline_s`` per item, at most half of
+  ``results``, ``evaluate_batch``) whatever is pending goes at once, spread over the actors
+  (shares of at least ``MIN_SHARE``; a busy actor takes its share when it frees). A batch's deadline is ``item_deadline_s`` per item, at most half of
   ``unavailable_after_s``; the items of a batch whose actor died or breached it are retried
   one by one, each counting its own attempts.
 * Dedup: the program is extracted here, and identical programs (same problem, language and
@@ -134,6 +136,9 @@ class _Job:
     attempts: int = 0
     last_slot: Optional[int] = None
     queued_t: float = dataclasses.field(default_factory=time.monotonic)  # when it (last) entered the queue
+
+
+MIN_SHARE = 4  # a batching pool's smallest share of a flush (python_tests: a sandbox start ~ 3-4 evaluations)
 
 
 class RewardPool:
@@ -371,9 +376,13 @@ class RewardPool:
         return oldest.attempts == 0 and time.monotonic() - oldest.queued_t < self.section.batch_wait_s
 
     def _dispatch(self) -> None:
-        cap = self.section.max_in_flight_per_actor
+        # A batching verifier gets one call at a time per actor: the rest stays in this queue,
+        # so whichever actor frees first takes the next share (a batch queued behind a busy
+        # actor could not move to an idle one).
+        cap = 1 if self.batch_size > 1 else self.section.max_in_flight_per_actor
         if not self._queue:
             self._flushing = False
+        batching = self.batch_size > 1
         while self._queue:
             if self._hold():
                 return
@@ -385,8 +394,13 @@ class RewardPool:
             slot = min(other, key=lambda s: self._load[s])
             # Flushing (or a batch's wait is over): what is pending, spread over the free
             # actors; else full batches. A retried item goes alone: a batch's failure must not
-            # keep failing its neighbours.
-            want = min(self.batch_size, -(-len(self._queue) // len(free)))
+            # keep failing its neighbours. A batching pool spreads it over all its actors (a
+            # busy one takes its share when it frees), but never in shares under MIN_SHARE: a
+            # sandbox and interpreter start costs about as much as a few evaluations.
+            if batching:
+                want = min(self.batch_size, max(MIN_SHARE, -(-len(self._queue) // len(self.actors))))
+            else:
+                want = -(-len(self._queue) // len(free))
             jobs = [self._queue.popleft()]
             while len(jobs) < want and job.attempts == 0 and self._queue and self._queue[0].attempts == 0:
                 jobs.append(self._queue.popleft())
@@ -498,6 +512,7 @@ class RewardPool:
                 "batches": self.counts["batches"],
                 "mean_batch": self.counts["batched_items"] / self.counts["batches"] if self.counts["batches"] else 0.0,
                 "busy_actors": sum(1 for n in self._load if n > 0),
+                "calls_per_actor": list(self._load),
                 "actors": len(self.actors),
                 "dedup_window_size": len(self._recent),
                 "unavailable": self._broken or None,

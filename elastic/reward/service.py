@@ -8,7 +8,7 @@ are evaluated once (the pool's dedup window)::
     client = start_service(cfg.reward, "datasets/code-opt", name=f"reward-{run_name}")
     # any train worker (or pass `client` itself: it pickles)
     client = connect(f"reward-{run_name}")
-    client.submit([(key, problem_id, completion), ...])   # returns at once; idempotent per key
+    client.submit([(key, problem_id, completion), ...])   # idempotent per key; wait=False: no round trip
     got = client.results(keys, timeout_s=60)               # {key: Result}; partial on timeout
     client.forget(keys)                                    # free what the trainer consumed
     client.stats()
@@ -194,10 +194,20 @@ class RewardClient:
     def __init__(self, name: str, actor: Any) -> None:
         self.name = name
         self.actor = actor
+        self._unanswered: List[Any] = []  # refs of submits sent without waiting (submit(wait=False))
+
+    def __getstate__(self) -> Dict[str, Any]:  # a pickled client carries the handle, not this process's refs
+        return {"name": self.name, "actor": self.actor}
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__init__(state["name"], state["actor"])
 
     def _call(self, method: str, *args: Any, timeout_s: float = CALL_MARGIN_S) -> Any:
+        return self._get(getattr(self.actor, method).remote(*args), method, timeout_s)
+
+    def _get(self, ref: Any, method: str, timeout_s: float) -> Any:
         try:
-            return ray.get(getattr(self.actor, method).remote(*args), timeout=timeout_s)
+            return ray.get(ref, timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
             raise RewardServiceError(f"reward service {self.name!r} did not answer {method} within "
                                      f"{timeout_s:g} s") from None
@@ -209,19 +219,39 @@ class RewardClient:
                 raise KeyError(cause.args[0] if cause.args else str(cause)) from None
             raise RewardServiceError(f"reward service {self.name!r}: {_first_line(cause)}") from None
 
-    def submit(self, items: Sequence[Item]) -> int:
-        """Queue ``(key, problem_id, completion)`` items; returns how many keys were new."""
-        return self._call("submit", [(str(k), p, c) for k, p, c in items])
+    def _settle(self) -> None:
+        """Wait for the submits sent without waiting (the service serves calls on many threads,
+        so a later call could otherwise overtake them); their errors raise here."""
+        refs, self._unanswered = self._unanswered, []
+        for ref in refs:
+            self._get(ref, "submit", CALL_MARGIN_S)
+
+    def submit(self, items: Sequence[Item], wait: bool = True) -> Optional[int]:
+        """Queue ``(key, problem_id, completion)`` items; returns how many keys were new.
+
+        ``wait=False`` sends them and returns None at once: a trainer streaming completions
+        during generation does not stop for a round trip per completion (2-5 ms each on 2
+        busy cores). The next ``results``, ``forget`` or ``stats`` call first waits for the
+        service to have taken them, and raises what their submit raised."""
+        batch = [(str(k), p, c) for k, p, c in items]
+        if wait:
+            self._settle()
+            return self._call("submit", batch)
+        self._unanswered.append(self.actor.submit.remote(batch))
+        return None
 
     def results(self, keys: Sequence[str], timeout_s: float) -> Dict[str, Result]:
         """``{key: Result}`` for the keys done within `timeout_s` (all of them, or fewer)."""
+        self._settle()
         return self._call("results", list(keys), timeout_s, timeout_s=timeout_s + CALL_MARGIN_S)
 
     def forget(self, keys: Sequence[str]) -> int:
+        self._settle()
         return self._call("forget", list(keys))
 
     def stats(self) -> Dict[str, Any]:
         """Evaluations, per-status counts, dedup hits, replaced actors, evals/s, queue, busy actors."""
+        self._settle()
         return self._call("stats")
 
     def layers(self, timeout_s: float = START_TIMEOUT_S) -> Dict[str, Any]:

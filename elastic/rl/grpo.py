@@ -266,7 +266,7 @@ class GRPOJob(Job):
         def on_finish(i: int, completion) -> None:  # stream each finished program to the pool
             r = rows[i]
             r.tokens, r.truncated = list(completion.tokens), completion.finish_reason == "length"
-            self.reward.submit([(r.key, r.problem, decode_text(self.tok, r.tokens))])
+            self.reward.submit([(r.key, r.problem, decode_text(self.tok, r.tokens))], wait=False)
             submitted.add(i)
 
         outs = fsdp_generate(self.ctx.model, [r.prompt for r in rows], rl.max_new_tokens, temperature=rl.temperature,
