@@ -8,9 +8,11 @@ to Hugging Face format with jobs/export_hf.py, which is what TRL loads.
   from our run's rollouts.jsonl and given to TRL unshuffled), 16 prompts × 4 completions per
   step, 128 new tokens, temperature 1.0, no KL, token-mean loss, AdamW(0.9, 0.95, wd 0.1),
   lr 3e-4 constant, grad clip 1.0, one optimizer step per rollout batch. Micro-batches (a memory
-  knob: the sum of their gradients is the same) are each side's best on this machine: ours 16
-  rows (the config), TRL 4 (`per_device_train_batch_size`; at 16 TRL took 20.4 s/step against
-  1.64 at 4, one run each at load 5-8).
+  knob: the sum of their gradients is the same): ours 16 rows (the config), TRL 4
+  (`per_device_train_batch_size`, as the bench first ran it). Not settled: one TRL run at 16 took
+  20.4 s/step against 1.64 at 4, but TRL runs at 4 have also taken 8-30 s/step when another
+  process ran beside them (its two torch threads spin-wait for each other), so that pair does
+  not show 16 is slower for TRL.
   Our reward: the `python_tests` verifier in the bubblewrap sandbox on the CPU reward pool. TRL's
   reward: the *same harness* run as a plain subprocess, two at a time (an unsandboxed baseline,
   which favours TRL).
@@ -65,7 +67,7 @@ PY = sys.executable
 GRPO_CONFIG = REPO / "jobs/configs/grpo-python-tasks.yaml"
 SFT_CONFIG = REPO / "jobs/configs/sft-python-tasks.yaml"
 TARGETS = {"grpo_step_ratio": 1.5, "sft_tokens_ratio": 1.3, "startup_first_step_s": 15.0}
-GROUP, MICRO = 4, 4  # completions per prompt; TRL's rows per micro-batch (its fastest here, see above)
+GROUP, MICRO = 4, 4  # completions per prompt; TRL's rows per micro-batch (see above)
 THREADS = 2  # TRL's torch threads: the machine's cores, as a user on a laptop would run it
 
 
@@ -459,7 +461,7 @@ def main(argv=None) -> int:
                          f"x {THREADS} threads", "reward: ours sandboxed (bubblewrap, reward pool); TRL the same harness as a "
                          "plain subprocess, 2 at a time", "generation: ours static KV cache + continuous batching; TRL "
                          "transformers.generate", "SFT layout: ours 512-token packed rows, document-masked attention",
-                         f"GRPO micro-batches: ours 16 rows (grpo-python-tasks.yaml), TRL {MICRO} (its fastest here)"]
+                         f"GRPO micro-batches: ours 16 rows (grpo-python-tasks.yaml), TRL {MICRO}"]
     res["context"] = {"host": platform.node(), "cpus": os.cpu_count(), "loadavg": os.getloadavg(), "torch": torch.__version__,
                       "transformers": transformers.__version__, "trl": trl.__version__, "date": time.strftime("%Y-%m-%d")}
     rows = [["figure", "ours", "TRL", "ratio (>1: ours faster)", "target"]]
