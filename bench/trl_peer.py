@@ -68,6 +68,7 @@ GRPO_CONFIG = REPO / "jobs/configs/grpo-python-tasks.yaml"
 SFT_CONFIG = REPO / "jobs/configs/sft-python-tasks.yaml"
 TARGETS = {"grpo_step_ratio": 1.5, "sft_tokens_ratio": 1.3, "startup_first_step_s": 15.0}
 GROUP, MICRO = 4, 4  # completions per prompt; TRL's rows per micro-batch (see above)
+OURS_MICRO, OURS_WORKERS = 16, 2  # grpo-python-tasks.yaml: rl.micro_batch_size, scaling.max_workers
 THREADS = 2  # TRL's torch threads: the machine's cores, as a user on a laptop would run it
 
 
@@ -134,7 +135,9 @@ def ours_grpo(work: Path, pol: Dict[str, Path], steps: int, shape: Dict[str, int
     t = run([PY, "jobs/grpo.py", "--config", str(GRPO_CONFIG), "--set", f"run.storage_path={work}/runs",
              "--set", f"run.name={name}", "--set", f"model.init_from={pol['checkpoint']}", "--set", "model.init_sft_config=",
              "--set", f"train.steps={steps}", "--set", "rl.eval_every=0", "--set", f"checkpoint.every_steps={steps}",
-             "--set", f"rl.prompts_per_step={shape['prompts']}", "--set", f"rl.max_new_tokens={shape['max_new_tokens']}"],
+             "--set", f"rl.prompts_per_step={shape['prompts']}", "--set", f"rl.max_new_tokens={shape['max_new_tokens']}",
+             # the config's micro-batch (16 rows), or a worker's whole share when a smaller shape has fewer
+             "--set", f"rl.micro_batch_size={min(OURS_MICRO, shape['prompts'] * GROUP // OURS_WORKERS)}"],
             work / f"{name}.log")
     rd = work / "runs" / name
     recs = sorted((r for r in records(rd / "metrics.jsonl") if "step_s" in r), key=lambda r: r["step"])
