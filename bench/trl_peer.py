@@ -108,15 +108,17 @@ def median(xs: Sequence[float]) -> Optional[float]:
 
 
 # ----------------------------------------------------------------------------- the policy
-def make_policy(work: Path, policy: Optional[str], sft_steps: int) -> Dict[str, Path]:
-    """Our checkpoint (given, or trained here) and its Hugging Face export."""
+def make_policy(work: Path, policy: Optional[str], sft_steps: int, workers: int = 0) -> Dict[str, Path]:
+    """Our checkpoint (given, or trained here: on `workers` workers, 0 for the config's 2) and its
+    Hugging Face export."""
     if policy:
         ckpt = Path(policy).resolve()
     else:
         print(f"[peer] training the starting policy: {sft_steps} SFT steps ({SFT_CONFIG.name})", flush=True)
+        scaling = ["--set", f"scaling.min_workers={workers}", "--set", f"scaling.max_workers={workers}"] if workers else []
         run([PY, "jobs/sft.py", "--config", str(SFT_CONFIG), "--set", f"run.storage_path={work}/runs",
              "--set", "run.name=policy", "--set", f"train.steps={sft_steps}", "--set", f"checkpoint.every_steps={sft_steps}",
-             "--set", "eval.every_steps=0"], work / "policy.log")
+             "--set", "eval.every_steps=0", *scaling], work / "policy.log")
         ckpt = last_checkpoint(work / "runs/policy")
     hf = work / "hf"
     run([PY, "jobs/export_hf.py", "--checkpoint", str(ckpt), "--out", str(hf)], work / "export.log")
@@ -403,12 +405,13 @@ def main(argv=None) -> int:
         {"grpo": child_grpo, "sft": child_sft}[part](json.loads(Path(spec).read_text()))
         return 0
     if a.smoke:
-        a.rounds, a.policy_steps, a.grpo_steps, a.sft_steps, a.prompts, a.max_new_tokens = 1, 4, 2, 3, 4, 32
+        a.rounds, a.policy_steps, a.grpo_steps, a.sft_steps, a.prompts, a.max_new_tokens = 1, 2, 2, 3, 4, 32
     parts = [p for p in a.parts.split(",") if p]
     work = Path(tempfile.mkdtemp(prefix="trl-peer-"))
     res: Dict[str, Any] = {"smoke": a.smoke, "parts": parts, "rounds": a.rounds, "targets": TARGETS}
     try:
-        pol = make_policy(work, a.policy, a.policy_steps) if {"grpo", "sft"} & set(parts) else {}
+        # the smoke's policy is a starting point, not a figure: 2 steps on 1 worker (one process fewer)
+        pol = make_policy(work, a.policy, a.policy_steps, 1 if a.smoke else 0) if {"grpo", "sft"} & set(parts) else {}
         if "grpo" in parts:
             shape = {"prompts": a.prompts, "max_new_tokens": a.max_new_tokens}
             res["grpo_shape"] = shape
@@ -430,9 +433,10 @@ def main(argv=None) -> int:
                 rows["ours"].append(o["figures"])
                 per_step = o["figures"]["tokens_per_step"]
                 for layout in ("unpacked", "packed"):
-                    # TRL processes about the same real tokens as our run
+                    # TRL processes about the same real tokens as our run; the smoke runs the 3
+                    # steps its figure needs (real tokens/s from the third step on)
                     guess = 90 * 8 if layout == "unpacked" else 512 * 8
-                    steps = max(4, round(a.sft_steps * per_step / guess))
+                    steps = 3 if a.smoke else max(4, round(a.sft_steps * per_step / guess))
                     t = trl_sft(work, pol, steps, layout, str(i))
                     rows[layout].append(t["figures"])
                 print(f"[peer] sft round {i}: ours {o['figures']['real_tokens_per_s']:,.0f} tok/s, TRL unpacked "
