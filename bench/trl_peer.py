@@ -43,6 +43,7 @@ to a temporary directory that is deleted at the end.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import platform
@@ -376,6 +377,47 @@ def ours_startup(work: Path, steps: int, tag: str) -> Dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- main
+def grpo_part(a: argparse.Namespace, work: Path, pol: Dict[str, Path], shape: Dict[str, int],
+              ours0: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Ours then TRL, `--rounds` times (`ours0`: our run of round 0, already done): res["grpo"]."""
+    ours_r, trl_r, ratios = [], [], []
+    for i in range(a.rounds):
+        o = ours0 if i == 0 and ours0 else ours_grpo(work, pol, a.grpo_steps, shape, str(i))
+        print(f"[peer] grpo round {i}: ours {o['figures']['s_per_step']:.2f} s/step", flush=True)
+        t = trl_grpo(work, pol, a.grpo_steps, shape, o["prompt_order"], str(i))
+        print(f"[peer] grpo round {i}: TRL {t['figures']['s_per_step']:.2f} s/step", flush=True)
+        ours_r.append(o["figures"]), trl_r.append(t["figures"])
+        ratios.append(t["figures"]["s_per_step"] / o["figures"]["s_per_step"])
+    return {"ours": ours_r, "trl": trl_r, "step_ratio_per_round": ratios, "step_ratio": median(ratios),
+            "overhead_ours_s": median([r["first_step_s"] - r["s_per_step"] for r in ours_r]),
+            "overhead_trl_s": median([r["first_step_s"] - r["s_per_step"] for r in trl_r])}
+
+
+def sft_part(a: argparse.Namespace, work: Path, pol: Dict[str, Path],
+             ours0: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Ours then TRL's two layouts, `--rounds` times (`ours0`: our run of round 0, already done): res["sft"]."""
+    rows = {"ours": [], "unpacked": [], "packed": []}
+    for i in range(a.rounds):
+        o = ours0 if i == 0 and ours0 else ours_sft(work, pol, a.sft_steps, str(i))
+        rows["ours"].append(o["figures"])
+        per_step = o["figures"]["tokens_per_step"]
+        for layout in ("unpacked", "packed"):
+            # TRL processes about the same real tokens as our run; the smoke runs the 3
+            # steps its figure needs (real tokens/s from the third step on)
+            guess = 90 * 8 if layout == "unpacked" else 512 * 8
+            steps = 3 if a.smoke else max(4, round(a.sft_steps * per_step / guess))
+            t = trl_sft(work, pol, steps, layout, str(i))
+            rows[layout].append(t["figures"])
+        print(f"[peer] sft round {i}: ours {o['figures']['real_tokens_per_s']:,.0f} tok/s, TRL unpacked "
+              f"{rows['unpacked'][-1]['real_tokens_per_s']:,.0f}, packed {rows['packed'][-1]['real_tokens_per_s']:,.0f}",
+              flush=True)
+    best = [max(u["real_tokens_per_s"], p["real_tokens_per_s"]) for u, p in zip(rows["unpacked"], rows["packed"])]
+    ratios = [o["real_tokens_per_s"] / b for o, b in zip(rows["ours"], best)]
+    return {**rows, "tokens_ratio_per_round": ratios, "tokens_ratio": median(ratios),
+            "best_trl_layout": "unpacked" if median([u["real_tokens_per_s"] for u in rows["unpacked"]])
+            >= median([p["real_tokens_per_s"] for p in rows["packed"]]) else "packed"}
+
+
 def table(rows: List[List[str]]) -> str:
     w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows)
@@ -412,41 +454,21 @@ def main(argv=None) -> int:
     try:
         # the smoke's policy is a starting point, not a figure: 2 steps on 1 worker (one process fewer)
         pol = make_policy(work, a.policy, a.policy_steps, 1 if a.smoke else 0) if {"grpo", "sft"} & set(parts) else {}
+        shape = {"prompts": a.prompts, "max_new_tokens": a.max_new_tokens}
+        g0 = s0 = None
+        if a.smoke and {"grpo", "sft"} <= set(parts):
+            # Our two runs side by side (Ray jobs whose train workers run one thread each: CI's
+            # 2 cores), then TRL's runs one at a time (two threads each, which spin on a busy
+            # machine). The smoke checks the plumbing: its figures are no targets either way.
+            with concurrent.futures.ThreadPoolExecutor(1) as side:
+                sft0 = side.submit(ours_sft, work, pol, a.sft_steps, "0")
+                g0 = ours_grpo(work, pol, a.grpo_steps, shape, "0")
+                s0 = sft0.result()
         if "grpo" in parts:
-            shape = {"prompts": a.prompts, "max_new_tokens": a.max_new_tokens}
             res["grpo_shape"] = shape
-            ours_r, trl_r, ratios = [], [], []
-            for i in range(a.rounds):
-                o = ours_grpo(work, pol, a.grpo_steps, shape, str(i))
-                print(f"[peer] grpo round {i}: ours {o['figures']['s_per_step']:.2f} s/step", flush=True)
-                t = trl_grpo(work, pol, a.grpo_steps, shape, o["prompt_order"], str(i))
-                print(f"[peer] grpo round {i}: TRL {t['figures']['s_per_step']:.2f} s/step", flush=True)
-                ours_r.append(o["figures"]), trl_r.append(t["figures"])
-                ratios.append(t["figures"]["s_per_step"] / o["figures"]["s_per_step"])
-            res["grpo"] = {"ours": ours_r, "trl": trl_r, "step_ratio_per_round": ratios, "step_ratio": median(ratios),
-                           "overhead_ours_s": median([r["first_step_s"] - r["s_per_step"] for r in ours_r]),
-                           "overhead_trl_s": median([r["first_step_s"] - r["s_per_step"] for r in trl_r])}
+            res["grpo"] = grpo_part(a, work, pol, shape, g0)
         if "sft" in parts:
-            rows = {"ours": [], "unpacked": [], "packed": []}
-            for i in range(a.rounds):
-                o = ours_sft(work, pol, a.sft_steps, str(i))
-                rows["ours"].append(o["figures"])
-                per_step = o["figures"]["tokens_per_step"]
-                for layout in ("unpacked", "packed"):
-                    # TRL processes about the same real tokens as our run; the smoke runs the 3
-                    # steps its figure needs (real tokens/s from the third step on)
-                    guess = 90 * 8 if layout == "unpacked" else 512 * 8
-                    steps = 3 if a.smoke else max(4, round(a.sft_steps * per_step / guess))
-                    t = trl_sft(work, pol, steps, layout, str(i))
-                    rows[layout].append(t["figures"])
-                print(f"[peer] sft round {i}: ours {o['figures']['real_tokens_per_s']:,.0f} tok/s, TRL unpacked "
-                      f"{rows['unpacked'][-1]['real_tokens_per_s']:,.0f}, packed {rows['packed'][-1]['real_tokens_per_s']:,.0f}",
-                      flush=True)
-            best = [max(u["real_tokens_per_s"], p["real_tokens_per_s"]) for u, p in zip(rows["unpacked"], rows["packed"])]
-            ratios = [o["real_tokens_per_s"] / b for o, b in zip(rows["ours"], best)]
-            res["sft"] = {**rows, "tokens_ratio_per_round": ratios, "tokens_ratio": median(ratios),
-                          "best_trl_layout": "unpacked" if median([u["real_tokens_per_s"] for u in rows["unpacked"]])
-                          >= median([p["real_tokens_per_s"] for p in rows["packed"]]) else "packed"}
+            res["sft"] = sft_part(a, work, pol, s0)
         if "startup" in parts:
             st = [ours_startup(work, a.startup_steps, str(i))["figures"] for i in range(a.rounds)]
             res["startup"] = {"ours_pretrain": st, "first_step_s": median([s["first_step_s"] for s in st])}
