@@ -38,12 +38,14 @@ to a temporary directory that is deleted at the end.
   python bench/trl_peer.py                       # all parts, 2 rounds (~25 min on 2 cores)
   python bench/trl_peer.py --parts grpo --rounds 3 --policy runs/sft-python-tasks/step_00000400
   python bench/trl_peer.py --smoke               # CI: tiny runs, checks the plumbing, no targets
+                                                 # (our jobs on one Ray instance, GRPO's beside SFT's)
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import platform
@@ -59,12 +61,17 @@ from typing import Any, Dict, List, Optional, Sequence
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.smoke_cluster import shared_instance  # noqa: E402
+
 PY = sys.executable
 GRPO_CONFIG = REPO / "jobs/configs/grpo-python-tasks.yaml"
 SFT_CONFIG = REPO / "jobs/configs/sft-python-tasks.yaml"
 TARGETS = {"grpo_step_ratio": 1.5, "sft_tokens_ratio": 1.3, "startup_first_step_s": 15.0}
 GROUP, MICRO = 4, 4  # completions per prompt, per micro-batch (grpo-python-tasks.yaml)
 THREADS = 2  # TRL's torch threads: the machine's cores, as a user on a laptop would run it
+# Smoke: logical CPUs of the shared instance, what our GRPO and SFT runs hold side by side (2
+# train workers each, GRPO's 2 reward actors, SFT's packers).
+SMOKE_CPUS = 12
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -451,7 +458,12 @@ def main(argv=None) -> int:
     parts = [p for p in a.parts.split(",") if p]
     work = Path(tempfile.mkdtemp(prefix="trl-peer-"))
     res: Dict[str, Any] = {"smoke": a.smoke, "parts": parts, "rounds": a.rounds, "targets": TARGETS}
+    # Smoke: our jobs of the policy, GRPO and SFT parts join one Ray instance (bench/smoke_cluster.py)
+    # instead of each starting its own; start-up measures the default job as a user runs it, after.
+    cluster = contextlib.ExitStack()
     try:
+        if a.smoke and {"grpo", "sft"} & set(parts):
+            cluster.enter_context(shared_instance(SMOKE_CPUS))
         # the smoke's policy is a starting point, not a figure: 2 steps on 1 worker (one process fewer)
         pol = make_policy(work, a.policy, a.policy_steps, 1 if a.smoke else 0) if {"grpo", "sft"} & set(parts) else {}
         shape = {"prompts": a.prompts, "max_new_tokens": a.max_new_tokens}
@@ -469,10 +481,12 @@ def main(argv=None) -> int:
             res["grpo"] = grpo_part(a, work, pol, shape, g0)
         if "sft" in parts:
             res["sft"] = sft_part(a, work, pol, s0)
+        cluster.close()
         if "startup" in parts:
             st = [ours_startup(work, a.startup_steps, str(i))["figures"] for i in range(a.rounds)]
             res["startup"] = {"ours_pretrain": st, "first_step_s": median([s["first_step_s"] for s in st])}
     finally:
+        cluster.close()
         shutil.rmtree(work, ignore_errors=True)
     import torch
     import transformers
