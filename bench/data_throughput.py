@@ -24,14 +24,18 @@ world size, and the data-wait share of step time.
   python bench/data_throughput.py                       # all three, ~15 min on 2 cores
   python bench/data_throughput.py --only 1 --cpus 2
   python bench/data_throughput.py --repo /tmp/before    # figures 2 and 3 of another checkout
-  python bench/data_throughput.py --smoke               # tiny, what CI runs
+  python bench/data_throughput.py --smoke               # tiny, what CI runs (one Ray instance for all,
+                                                        # figure 3 beside figure 2; deletes its runs)
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,7 +45,13 @@ from typing import Dict, List
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.smoke_cluster import shared_instance  # noqa: E402
 from elastic.records import read_records  # noqa: E402
+
+# Smoke: one Ray instance for figure 1's builds and every job (bench/smoke_cluster.py), its
+# logical CPUs what figure 3's job and a world-size run hold at once (2 workers and 2 packers
+# each; figure 1 then has more than --cpus, its packer actors stay --cpus).
+SMOKE_CPUS = 8
 
 
 # ---------------------------------------------------------------- 1. per-core efficiency
@@ -82,8 +92,11 @@ def per_core(a, tmp: str) -> Dict:
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     bare = min(runs, key=lambda r: r["cpu_s"])  # the least disturbed run
 
-    ray.init(address="local", num_cpus=a.cpus, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": REPO}})
+    own = not ray.is_initialized()  # smoke: this process already holds the run's shared instance
+    if own:
+        ray.init(address="local", num_cpus=a.cpus, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": REPO}})
+    builder = None
     try:
         root = os.path.join(tmp, "cache")
         # One Ray Data pipeline with `--cpus` packer actors (elastic/data/builder.py).
@@ -92,7 +105,11 @@ def per_core(a, tmp: str) -> Dict:
         ray.get([builder.meta.remote("train", i) for i in range(len(plan.shards))])
         wall_with_startup = time.perf_counter() - t0
     finally:
-        ray.shutdown()
+        if own:
+            ray.shutdown()
+        elif builder is not None:  # the instance goes on: end the builder and its pipeline's actors
+            ray.get(builder.close.remote(), timeout=15)
+            ray.kill(builder)
     builds = read_records(ShardCache(root, plan).builds_log)
     # Wall time of the builds themselves, first start to last commit: actor start-up (a
     # process and the tokenizer, once per run) is not tokenization.
@@ -126,9 +143,10 @@ def per_core(a, tmp: str) -> Dict:
 # ---------------------------------------------------------------- jobs (figures 2 and 3)
 
 
-def run_job(repo: str, storage: str, name: str, overrides: List[str], log: str) -> Dict:
-    """One jobs/pretrain.py run of `repo` in its own process and private Ray instance."""
-    env = {**os.environ, "RAY_ADDRESS": "local", "WANDB_MODE": "disabled", "PYTHONPATH": repo,
+def run_job(repo: str, storage: str, name: str, overrides: List[str], log: str, ray_address: str = "local") -> Dict:
+    """One jobs/pretrain.py run of `repo` in its own process and private Ray instance (smoke:
+    on the run's shared instance, `ray_address`)."""
+    env = {**os.environ, "RAY_ADDRESS": ray_address, "WANDB_MODE": "disabled", "PYTHONPATH": repo,
            "ELASTIC_TOKENIZE_LOG": os.path.join(storage, name + "-tokenize.jsonl")}
     args = [sys.executable, os.path.join(repo, "jobs", "pretrain.py"), "--set", f"run.storage_path={storage}",
             "--set", f"run.name={name}", "--set", "wandb.mode=disabled"]
@@ -141,6 +159,12 @@ def run_job(repo: str, storage: str, name: str, overrides: List[str], log: str) 
     metrics = [r for r in read_records(os.path.join(run_dir, "metrics.jsonl")) if "step" in r]
     return {"rc": rc, "wall_s": time.time() - t0, "run_dir": run_dir, "metrics": metrics, "log": log,
             "tokenize_log": env["ELASTIC_TOKENIZE_LOG"]}
+
+
+def log_tail(job: Dict, n: int = 20) -> str:
+    """The end of a failed job's log (a smoke run deletes its runs, the log with them)."""
+    with open(job["log"], errors="replace") as f:
+        return "\n".join(f.read().splitlines()[-n:])
 
 
 def tokenize_cpu(job: Dict) -> Dict:
@@ -166,9 +190,9 @@ def world_sizes(a, tmp: str) -> List[Dict]:
         over = [f"train.steps={a.run_steps}", "train.global_batch_size=16", "train.micro_batch_size=4",
                 f"data.shard_mb={a.run_shard_mb}", f"scaling.min_workers={w}", f"scaling.max_workers={w}",
                 f"checkpoint.every_steps={a.run_steps}", "data.tokenize_cpus=1"] + a.extra
-        job = run_job(a.repo, tmp, f"ws{w}", over, os.path.join(tmp, f"ws{w}.log"))
+        job = run_job(a.repo, tmp, f"ws{w}", over, os.path.join(tmp, f"ws{w}.log"), a.ray_address)
         if job["rc"] != 0:
-            raise SystemExit(f"world size {w} run failed (exit {job['rc']}); log: {job['log']}")
+            raise SystemExit(f"world size {w} run failed (exit {job['rc']}); log: {job['log']}\n" + log_tail(job))
         t = tokenize_cpu(job)
         trained = sum(r["tokens"] for r in job["metrics"])
         rows.append({"world_size": w, "tokenize_cpu_s": t["cpu_s"], "read_tokenize_pack_cpu_s": t["read_tokenize_pack_cpu_s"],
@@ -202,9 +226,9 @@ def wait_share(run_dir: str) -> Dict:
 
 def default_job(a, tmp: str) -> Dict:
     over = [f"train.steps={a.job_steps}"] if a.job_steps else []
-    job = run_job(a.repo, tmp, "default", over + a.extra, os.path.join(tmp, "default.log"))
+    job = run_job(a.repo, tmp, "default", over + a.extra, os.path.join(tmp, "default.log"), a.ray_address)
     if job["rc"] != 0:
-        raise SystemExit(f"default job failed (exit {job['rc']}); log: {job['log']}")
+        raise SystemExit(f"default job failed (exit {job['rc']}); log: {job['log']}\n" + log_tail(job))
     t = tokenize_cpu(job)
     trained = sum(r["tokens"] for r in job["metrics"])
     return {**wait_share(job["run_dir"]), "wall_s": job["wall_s"], "tokenize_cpu_s": t["cpu_s"],
@@ -236,7 +260,8 @@ def main(argv=None) -> int:
     ap.add_argument("--run-shard-mb", type=float, default=0.25)
     ap.add_argument("--job-steps", type=int, default=0, help="0: the default job's own step count")
     ap.add_argument("--set", dest="extra", action="append", default=[], help="extra overrides for the jobs")
-    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="tiny, on one Ray instance; figure 3's job beside figure 2's runs; "
+                    "deletes its runs")
     ap.add_argument("--out", default="bench/results/data_throughput.json")
     a = ap.parse_args(argv)
     a.worlds = [int(w) for w in a.worlds.split(",")]
@@ -249,39 +274,56 @@ def main(argv=None) -> int:
     a.repo = os.path.abspath(a.repo)
     tmp = tempfile.mkdtemp(prefix="elastic-dt-")
     res: Dict = {"args": {k: v for k, v in vars(a).items()}, "note": "2-core machine shared with other jobs: wall-clock figures are noisy; CPU-second figures are not"}
-    if 1 in only:
-        r = res["per_core"] = per_core(a, tmp)
-        print(f"1. tokenize+pack vs bare encode_batch, {r['shards']} shards, {r['documents']} documents, {a.cpus} cores")
-        print(f"   {'':<36}{'tokens':>10}{'CPU s':>9}{'tok/CPU-s':>11}{'wall s':>9}{'tok/s/core':>12}")
-        for k, label in (("bare", "bare encode_batch"), ("store", "store build (read+tok+pack+write)")):
-            x = r[k]
-            print(f"   {label:<36}{x['tokens']:>10}{x['cpu_s']:>9.2f}{x['tokens_per_cpu_s']:>11.0f}{x['wall_s']:>9.2f}{x['tokens_per_s_per_core']:>12.0f}")
-        print(f"   ratio store/bare: {r['ratio_cpu']:.2f} per CPU-second, {r['ratio_wall']:.2f} per core from wall time (goal >= 0.8); "
-              f"{r['ratio_cpu_read_tokenize_pack']:.2f} per CPU-second without the cache write")
-        t = r["trainer"]
-        print(f"   a {t['preset']} trainer at MFU {t['mfu']} x peak {t['peak']:.3e} eats {t['tokens_per_s_per_gpu']:.0f} tok/s/GPU "
-              f"(seq {t['seq_len']}): {t['cores_per_gpu']:.2f} tokenize cores/GPU at the store's tokens per CPU-second")
-    if 2 in only:
-        rows = res["world_sizes"] = world_sizes(a, tmp)
-        print(f"2. tokenization CPU of a {a.run_steps}-step run (global batch 16) by world size [{rows[0]['source']}]")
-        print(f"   {'world':>6}{'tokenize CPU s':>16}{'vs W=1':>8}{'read+tok+pack CPU s':>21}{'tokens tokenized':>18}"
-              f"{'tokens trained':>16}{'ratio':>7}")
-        for x in rows:
-            print(f"   {x['world_size']:>6}{x['tokenize_cpu_s']:>16.2f}{x['cpu_vs_world_1']:>8.2f}{x['read_tokenize_pack_cpu_s']:>21.2f}"
-                  f"{x['tokens_tokenized']:>18}{x['tokens_trained']:>16}{x['tokenized_per_trained']:>7.2f}")
-    if 3 in only:
-        r = res["default_job"] = default_job(a, tmp)
-        print(f"3. default job ({r['steps']} steps): data wait {r['share_all']:.2%} of step time over all steps, "
-              f"{r['share_steady']:.2%} over steady steps (goal < 2%); first step waited {r['first_step_data_wait_s']:.2f} s, "
-              f"steady mean {r['mean_data_wait_s_steady'] * 1e3:.1f} ms, max {r['max_data_wait_s_steady'] * 1e3:.0f} ms; "
-              f"mean step {r['mean_step_s']:.2f} s")
-        print(f"   tokenized {r['tokens_tokenized']} tokens in {r['tokenize_cpu_s']:.2f} CPU-s for {r['tokens_trained']} "
-              f"trained; machine load (1 min) at the end {r['load_avg_1m_at_end']:.1f}")
+    a.ray_address = "local"  # each job starts its own instance
+    try:
+        with contextlib.ExitStack() as stack:
+            if a.smoke:
+                a.ray_address = stack.enter_context(shared_instance(SMOKE_CPUS))
+            figures(a, only, tmp, res)
+    finally:
+        if a.smoke:  # a smoke run leaves nothing behind (a full run keeps its job logs)
+            shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(res, f, indent=2)
-    print(f"wrote {a.out} (runs under {tmp})")
+    print(f"wrote {a.out}" + ("" if a.smoke else f" (runs under {tmp})"))
     return 0
+
+
+def figures(a, only, tmp: str, res: Dict) -> None:
+    """Figures 1, 2, 3 in turn, each printed when measured. Smoke: figure 3's job runs beside
+    figure 2's (pretraining jobs with one-thread train workers; CI has 2 cores); figure 1 runs
+    alone (its bare baseline runs two tokenizer threads, and measures CPU-seconds)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as side:
+        if 1 in only:
+            r = res["per_core"] = per_core(a, tmp)
+            print(f"1. tokenize+pack vs bare encode_batch, {r['shards']} shards, {r['documents']} documents, {a.cpus} cores")
+            print(f"   {'':<36}{'tokens':>10}{'CPU s':>9}{'tok/CPU-s':>11}{'wall s':>9}{'tok/s/core':>12}")
+            for k, label in (("bare", "bare encode_batch"), ("store", "store build (read+tok+pack+write)")):
+                x = r[k]
+                print(f"   {label:<36}{x['tokens']:>10}{x['cpu_s']:>9.2f}{x['tokens_per_cpu_s']:>11.0f}{x['wall_s']:>9.2f}{x['tokens_per_s_per_core']:>12.0f}")
+            print(f"   ratio store/bare: {r['ratio_cpu']:.2f} per CPU-second, {r['ratio_wall']:.2f} per core from wall time (goal >= 0.8); "
+                  f"{r['ratio_cpu_read_tokenize_pack']:.2f} per CPU-second without the cache write")
+            t = r["trainer"]
+            print(f"   a {t['preset']} trainer at MFU {t['mfu']} x peak {t['peak']:.3e} eats {t['tokens_per_s_per_gpu']:.0f} tok/s/GPU "
+                  f"(seq {t['seq_len']}): {t['cores_per_gpu']:.2f} tokenize cores/GPU at the store's tokens per CPU-second")
+        fig3 = side.submit(default_job, a, tmp) if a.smoke and {2, 3} <= only else None
+        if 2 in only:
+            rows = res["world_sizes"] = world_sizes(a, tmp)
+            print(f"2. tokenization CPU of a {a.run_steps}-step run (global batch 16) by world size [{rows[0]['source']}]")
+            print(f"   {'world':>6}{'tokenize CPU s':>16}{'vs W=1':>8}{'read+tok+pack CPU s':>21}{'tokens tokenized':>18}"
+                  f"{'tokens trained':>16}{'ratio':>7}")
+            for x in rows:
+                print(f"   {x['world_size']:>6}{x['tokenize_cpu_s']:>16.2f}{x['cpu_vs_world_1']:>8.2f}{x['read_tokenize_pack_cpu_s']:>21.2f}"
+                      f"{x['tokens_tokenized']:>18}{x['tokens_trained']:>16}{x['tokenized_per_trained']:>7.2f}")
+        if 3 in only:
+            r = res["default_job"] = fig3.result() if fig3 else default_job(a, tmp)
+            print(f"3. default job ({r['steps']} steps): data wait {r['share_all']:.2%} of step time over all steps, "
+                  f"{r['share_steady']:.2%} over steady steps (goal < 2%); first step waited {r['first_step_data_wait_s']:.2f} s, "
+                  f"steady mean {r['mean_data_wait_s_steady'] * 1e3:.1f} ms, max {r['max_data_wait_s_steady'] * 1e3:.0f} ms; "
+                  f"mean step {r['mean_step_s']:.2f} s")
+            print(f"   tokenized {r['tokens_tokenized']} tokens in {r['tokenize_cpu_s']:.2f} CPU-s for {r['tokens_trained']} "
+                  f"trained; machine load (1 min) at the end {r['load_avg_1m_at_end']:.1f}")
 
 
 if __name__ == "__main__":

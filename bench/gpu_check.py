@@ -2,7 +2,8 @@
 
   python bench/gpu_check.py                 # on the GPU machine: every part below
   python bench/gpu_check.py --parts jobs    # some parts only (tests,jobs,throughput,generation,memory)
-  python bench/gpu_check.py --smoke         # the same parts at toy sizes on CPU (CI runs this)
+  python bench/gpu_check.py --smoke         # the same parts at toy sizes on CPU (CI runs this): the
+                                            # jobs on one shared Ray instance, two at a time
 
 Parts, each timed, each failure recorded without ending the check:
   tests       the GPU-marked tests (`pytest -m gpu`)
@@ -25,6 +26,8 @@ Ray over first (../shared/gpu/README.md: pack-ray.sh).
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import contextlib
 import datetime
 import json
 import os
@@ -40,7 +43,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
+from bench.smoke_cluster import shared_instance  # noqa: E402
+
 PARTS = ("tests", "jobs", "throughput", "generation", "memory")
+RAY_PARTS = ("jobs", "throughput")  # the parts that run on Ray
+# Smoke: logical CPUs of the shared instance, what two 1-worker jobs hold at once (a train
+# worker, the store builder's packers, GRPO's reward actor or DPO's reference pass, each).
+SMOKE_CPUS = 8
 JOBS = (("pretrain", "jobs/pretrain.py"), ("sft", "jobs/sft.py"), ("dpo", "jobs/dpo.py"), ("grpo", "jobs/grpo.py"))
 # Toy sizes for --smoke (CPU, CI): the same code paths, a few steps each.
 SMOKE_JOB_OVERRIDES = {
@@ -122,17 +131,31 @@ def _mean(xs) -> Optional[float]:
 
 
 def part_jobs(smoke: bool, storage: str, timeout: float) -> Dict[str, Any]:
+    """The jobs in turn; smoke: pretrain beside SFT, then DPO beside GRPO (1-worker jobs whose
+    train worker runs one thread; CI has 2 cores)."""
     res: Dict[str, Any] = {}
-    for name, script in JOBS:
+    scripts = dict(JOBS)
+
+    def one(name: str) -> Dict[str, Any]:
         over = list(SMOKE_JOB_OVERRIDES[name]) if smoke else []
         if name in ("dpo", "grpo"):  # start from this check's SFT run, never a run of the machine's own
             sft = res.get("sft", {}).get("checkpoint")
             if not sft:
-                res[name] = {"error": "skipped: no SFT checkpoint to start from"}
-                continue
+                return {"error": "skipped: no SFT checkpoint to start from"}
             over.append(f"model.init_from={sft}")
-        res[name] = _timed(run_job, name, script, storage, over, timeout)
-    return res
+        return _timed(run_job, name, scripts[name], storage, over, timeout)
+
+    if not smoke:
+        for name in scripts:
+            res[name] = one(name)
+        return res
+    with concurrent.futures.ThreadPoolExecutor(1) as side:
+        pretrain = side.submit(one, "pretrain")
+        res["sft"] = one("sft")
+        dpo = side.submit(one, "dpo")
+        res["grpo"] = one("grpo")
+        res["pretrain"], res["dpo"] = pretrain.result(), dpo.result()
+    return {name: res[name] for name in scripts}
 
 
 # ---------------------------------------------------------------- throughput
@@ -322,8 +345,14 @@ def main(argv=None) -> int:
     out = a.out or os.path.join(REPO, "bench", "results", f"gpu-{slug}-{date}.json")
     res: Dict[str, Any] = {"date": date, "smoke": a.smoke, "environment": env, "parts": parts}
     storage = tempfile.mkdtemp(prefix="elastic-gpucheck-")
+    # Smoke: the parts that run on Ray share one instance (bench/smoke_cluster.py), started
+    # before the first of them and stopped after the last; full runs start one per job.
+    ray_parts = [p for p in parts if p in RAY_PARTS] if a.smoke else []
+    cluster = contextlib.ExitStack()
     try:
         for part in parts:
+            if ray_parts and part == ray_parts[0]:
+                cluster.enter_context(shared_instance(SMOKE_CPUS))
             print(f"[gpu_check] {part} ...", flush=True)
             if part == "tests":
                 res[part] = _timed(part_tests, a.smoke)
@@ -335,8 +364,11 @@ def main(argv=None) -> int:
                 res[part] = _timed(part_generation, a.smoke, storage)
             elif part == "memory":
                 res[part] = _timed(part_memory, env.get("device_gib"))
+            if ray_parts and part == ray_parts[-1]:
+                cluster.close()
             print(f"[gpu_check] {part} done", flush=True)
     finally:
+        cluster.close()
         shutil.rmtree(storage, ignore_errors=True)  # checkpoints, caches, generation JSON
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w") as f:

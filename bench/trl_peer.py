@@ -43,11 +43,14 @@ to a temporary directory that is deleted at the end.
   python bench/trl_peer.py                       # all parts, 2 rounds (~25 min on 2 cores)
   python bench/trl_peer.py --parts grpo --rounds 3 --policy runs/sft-python-tasks/step_00000400
   python bench/trl_peer.py --smoke               # CI: tiny runs, checks the plumbing, no targets
+                                                 # (our jobs on one Ray instance, GRPO's beside SFT's)
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import contextlib
 import json
 import os
 import platform
@@ -63,6 +66,8 @@ from typing import Any, Dict, List, Optional, Sequence
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.smoke_cluster import shared_instance  # noqa: E402
+
 PY = sys.executable
 GRPO_CONFIG = REPO / "jobs/configs/grpo-python-tasks.yaml"
 SFT_CONFIG = REPO / "jobs/configs/sft-python-tasks.yaml"
@@ -70,6 +75,9 @@ TARGETS = {"grpo_step_ratio": 1.5, "sft_tokens_ratio": 1.3, "startup_first_step_
 GROUP, MICRO = 4, 4  # completions per prompt; TRL's rows per micro-batch (see above)
 OURS_MICRO, OURS_WORKERS = 16, 2  # grpo-python-tasks.yaml: rl.micro_batch_size, scaling.max_workers
 THREADS = 2  # TRL's torch threads: the machine's cores, as a user on a laptop would run it
+# Smoke: logical CPUs of the shared instance, what our GRPO and SFT runs hold side by side (2
+# train workers each, GRPO's 2 reward actors, SFT's packers).
+SMOKE_CPUS = 12
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -114,15 +122,17 @@ def median(xs: Sequence[float]) -> Optional[float]:
 
 
 # ----------------------------------------------------------------------------- the policy
-def make_policy(work: Path, policy: Optional[str], sft_steps: int) -> Dict[str, Path]:
-    """Our checkpoint (given, or trained here) and its Hugging Face export."""
+def make_policy(work: Path, policy: Optional[str], sft_steps: int, workers: int = 0) -> Dict[str, Path]:
+    """Our checkpoint (given, or trained here: on `workers` workers, 0 for the config's 2) and its
+    Hugging Face export."""
     if policy:
         ckpt = Path(policy).resolve()
     else:
         print(f"[peer] training the starting policy: {sft_steps} SFT steps ({SFT_CONFIG.name})", flush=True)
+        scaling = ["--set", f"scaling.min_workers={workers}", "--set", f"scaling.max_workers={workers}"] if workers else []
         run([PY, "jobs/sft.py", "--config", str(SFT_CONFIG), "--set", f"run.storage_path={work}/runs",
              "--set", "run.name=policy", "--set", f"train.steps={sft_steps}", "--set", f"checkpoint.every_steps={sft_steps}",
-             "--set", "eval.every_steps=0"], work / "policy.log")
+             "--set", "eval.every_steps=0", *scaling], work / "policy.log")
         ckpt = last_checkpoint(work / "runs/policy")
     hf = work / "hf"
     run([PY, "jobs/export_hf.py", "--checkpoint", str(ckpt), "--out", str(hf)], work / "export.log")
@@ -382,6 +392,47 @@ def ours_startup(work: Path, steps: int, tag: str) -> Dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- main
+def grpo_part(a: argparse.Namespace, work: Path, pol: Dict[str, Path], shape: Dict[str, int],
+              ours0: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Ours then TRL, `--rounds` times (`ours0`: our run of round 0, already done): res["grpo"]."""
+    ours_r, trl_r, ratios = [], [], []
+    for i in range(a.rounds):
+        o = ours0 if i == 0 and ours0 else ours_grpo(work, pol, a.grpo_steps, shape, str(i))
+        print(f"[peer] grpo round {i}: ours {o['figures']['s_per_step']:.2f} s/step", flush=True)
+        t = trl_grpo(work, pol, a.grpo_steps, shape, o["prompt_order"], str(i))
+        print(f"[peer] grpo round {i}: TRL {t['figures']['s_per_step']:.2f} s/step", flush=True)
+        ours_r.append(o["figures"]), trl_r.append(t["figures"])
+        ratios.append(t["figures"]["s_per_step"] / o["figures"]["s_per_step"])
+    return {"ours": ours_r, "trl": trl_r, "step_ratio_per_round": ratios, "step_ratio": median(ratios),
+            "overhead_ours_s": median([r["first_step_s"] - r["s_per_step"] for r in ours_r]),
+            "overhead_trl_s": median([r["first_step_s"] - r["s_per_step"] for r in trl_r])}
+
+
+def sft_part(a: argparse.Namespace, work: Path, pol: Dict[str, Path],
+             ours0: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    """Ours then TRL's two layouts, `--rounds` times (`ours0`: our run of round 0, already done): res["sft"]."""
+    rows = {"ours": [], "unpacked": [], "packed": []}
+    for i in range(a.rounds):
+        o = ours0 if i == 0 and ours0 else ours_sft(work, pol, a.sft_steps, str(i))
+        rows["ours"].append(o["figures"])
+        per_step = o["figures"]["tokens_per_step"]
+        for layout in ("unpacked", "packed"):
+            # TRL processes about the same real tokens as our run; the smoke runs the 3
+            # steps its figure needs (real tokens/s from the third step on)
+            guess = 90 * 8 if layout == "unpacked" else 512 * 8
+            steps = 3 if a.smoke else max(4, round(a.sft_steps * per_step / guess))
+            t = trl_sft(work, pol, steps, layout, str(i))
+            rows[layout].append(t["figures"])
+        print(f"[peer] sft round {i}: ours {o['figures']['real_tokens_per_s']:,.0f} tok/s, TRL unpacked "
+              f"{rows['unpacked'][-1]['real_tokens_per_s']:,.0f}, packed {rows['packed'][-1]['real_tokens_per_s']:,.0f}",
+              flush=True)
+    best = [max(u["real_tokens_per_s"], p["real_tokens_per_s"]) for u, p in zip(rows["unpacked"], rows["packed"])]
+    ratios = [o["real_tokens_per_s"] / b for o, b in zip(rows["ours"], best)]
+    return {**rows, "tokens_ratio_per_round": ratios, "tokens_ratio": median(ratios),
+            "best_trl_layout": "unpacked" if median([u["real_tokens_per_s"] for u in rows["unpacked"]])
+            >= median([p["real_tokens_per_s"] for p in rows["packed"]]) else "packed"}
+
+
 def table(rows: List[List[str]]) -> str:
     w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows)
@@ -411,50 +462,39 @@ def main(argv=None) -> int:
         {"grpo": child_grpo, "sft": child_sft}[part](json.loads(Path(spec).read_text()))
         return 0
     if a.smoke:
-        a.rounds, a.policy_steps, a.grpo_steps, a.sft_steps, a.prompts, a.max_new_tokens = 1, 4, 2, 3, 4, 32
+        a.rounds, a.policy_steps, a.grpo_steps, a.sft_steps, a.prompts, a.max_new_tokens = 1, 2, 2, 3, 4, 32
     parts = [p for p in a.parts.split(",") if p]
     work = Path(tempfile.mkdtemp(prefix="trl-peer-"))
     res: Dict[str, Any] = {"smoke": a.smoke, "parts": parts, "rounds": a.rounds, "targets": TARGETS}
+    # Smoke: our jobs of the policy, GRPO and SFT parts join one Ray instance (bench/smoke_cluster.py)
+    # instead of each starting its own; start-up measures the default job as a user runs it, after.
+    cluster = contextlib.ExitStack()
     try:
-        pol = make_policy(work, a.policy, a.policy_steps) if {"grpo", "sft"} & set(parts) else {}
+        if a.smoke and {"grpo", "sft"} & set(parts):
+            cluster.enter_context(shared_instance(SMOKE_CPUS))
+        # the smoke's policy is a starting point, not a figure: 2 steps on 1 worker (one process fewer)
+        pol = make_policy(work, a.policy, a.policy_steps, 1 if a.smoke else 0) if {"grpo", "sft"} & set(parts) else {}
+        shape = {"prompts": a.prompts, "max_new_tokens": a.max_new_tokens}
+        g0 = s0 = None
+        if a.smoke and {"grpo", "sft"} <= set(parts):
+            # Our two runs side by side (Ray jobs whose train workers run one thread each: CI's
+            # 2 cores), then TRL's runs one at a time (two threads each, which spin on a busy
+            # machine). The smoke checks the plumbing: its figures are no targets either way.
+            with concurrent.futures.ThreadPoolExecutor(1) as side:
+                sft0 = side.submit(ours_sft, work, pol, a.sft_steps, "0")
+                g0 = ours_grpo(work, pol, a.grpo_steps, shape, "0")
+                s0 = sft0.result()
         if "grpo" in parts:
-            shape = {"prompts": a.prompts, "max_new_tokens": a.max_new_tokens}
             res["grpo_shape"] = shape
-            ours_r, trl_r, ratios = [], [], []
-            for i in range(a.rounds):
-                o = ours_grpo(work, pol, a.grpo_steps, shape, str(i))
-                print(f"[peer] grpo round {i}: ours {o['figures']['s_per_step']:.2f} s/step", flush=True)
-                t = trl_grpo(work, pol, a.grpo_steps, shape, o["prompt_order"], str(i))
-                print(f"[peer] grpo round {i}: TRL {t['figures']['s_per_step']:.2f} s/step", flush=True)
-                ours_r.append(o["figures"]), trl_r.append(t["figures"])
-                ratios.append(t["figures"]["s_per_step"] / o["figures"]["s_per_step"])
-            res["grpo"] = {"ours": ours_r, "trl": trl_r, "step_ratio_per_round": ratios, "step_ratio": median(ratios),
-                           "overhead_ours_s": median([r["first_step_s"] - r["s_per_step"] for r in ours_r]),
-                           "overhead_trl_s": median([r["first_step_s"] - r["s_per_step"] for r in trl_r])}
+            res["grpo"] = grpo_part(a, work, pol, shape, g0)
         if "sft" in parts:
-            rows = {"ours": [], "unpacked": [], "packed": []}
-            for i in range(a.rounds):
-                o = ours_sft(work, pol, a.sft_steps, str(i))
-                rows["ours"].append(o["figures"])
-                per_step = o["figures"]["tokens_per_step"]
-                for layout in ("unpacked", "packed"):
-                    # TRL processes about the same real tokens as our run
-                    guess = 90 * 8 if layout == "unpacked" else 512 * 8
-                    steps = max(4, round(a.sft_steps * per_step / guess))
-                    t = trl_sft(work, pol, steps, layout, str(i))
-                    rows[layout].append(t["figures"])
-                print(f"[peer] sft round {i}: ours {o['figures']['real_tokens_per_s']:,.0f} tok/s, TRL unpacked "
-                      f"{rows['unpacked'][-1]['real_tokens_per_s']:,.0f}, packed {rows['packed'][-1]['real_tokens_per_s']:,.0f}",
-                      flush=True)
-            best = [max(u["real_tokens_per_s"], p["real_tokens_per_s"]) for u, p in zip(rows["unpacked"], rows["packed"])]
-            ratios = [o["real_tokens_per_s"] / b for o, b in zip(rows["ours"], best)]
-            res["sft"] = {**rows, "tokens_ratio_per_round": ratios, "tokens_ratio": median(ratios),
-                          "best_trl_layout": "unpacked" if median([u["real_tokens_per_s"] for u in rows["unpacked"]])
-                          >= median([p["real_tokens_per_s"] for p in rows["packed"]]) else "packed"}
+            res["sft"] = sft_part(a, work, pol, s0)
+        cluster.close()
         if "startup" in parts:
             st = [ours_startup(work, a.startup_steps, str(i))["figures"] for i in range(a.rounds)]
             res["startup"] = {"ours_pretrain": st, "first_step_s": median([s["first_step_s"] for s in st])}
     finally:
+        cluster.close()
         shutil.rmtree(work, ignore_errors=True)
     import torch
     import transformers
