@@ -23,21 +23,21 @@ from typing import Iterator
 def shared_instance(cpus: int) -> Iterator[str]:
     """Start the instance with `cpus` logical CPUs (what the jobs running at once need: Ray
     places by these counts, the cores may be fewer) and set RAY_ADDRESS to it for the jobs this
-    process starts; on the way out restore RAY_ADDRESS and stop the instance. Yields its GCS
+    process starts; on the way out stop the instance and restore the environment (RAY_ADDRESS,
+    and the auth and Ray Train variables a private instance's driver sets). Yields its GCS
     address."""
     import ray
 
     from elastic.launch.driver import worker_env
     from elastic.launch.runtime.cluster import ENV, PRIVATE, ClusterChoice, connect
 
-    saved = os.environ.pop(ENV, None)  # RAY_ADDRESS=local (as CI sets it) is what starts one
+    saved = dict(os.environ)
+    os.environ.pop(ENV, None)  # RAY_ADDRESS=local (as CI sets it) is what starts one
     try:
         address = connect(ClusterChoice(PRIVATE, None, ""), cpus, worker_env()).address
         os.environ[ENV] = address
         yield address
     finally:
-        if saved is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = saved
         ray.shutdown()
+        os.environ.clear()
+        os.environ.update(saved)
