@@ -21,8 +21,8 @@ One mechanism serves both callers: :meth:`RewardPool.submit` enqueues a completi
   generation are not evaluated in ones and twos, each paying a sandbox and an interpreter start
   on the cores generation uses; once a caller waits for results (:meth:`flush`: the service's
   ``results``, ``evaluate_batch``) whatever is pending goes at once, spread over the actors
-  (shares of at least ``MIN_SHARE``; a busy actor takes its share when it frees). A batch's deadline is ``item_deadline_s`` per item, at most half of
-  ``unavailable_after_s``; the items of a batch whose actor died or breached it are retried
+  (shares of at least ``MIN_SHARE``; a busy actor takes its share when it frees). A batch's
+  deadline is ``item_deadline_s`` per item, at most half of ``unavailable_after_s``; the items of a batch whose actor died or breached it are retried
   one by one, each counting its own attempts.
 * Dedup: the program is extracted here, and identical programs (same problem, language and
   source) are evaluated once: a submission joins an evaluation in flight or copies a result
@@ -379,10 +379,10 @@ class RewardPool:
         # A batching verifier gets one call at a time per actor: the rest stays in this queue,
         # so whichever actor frees first takes the next share (a batch queued behind a busy
         # actor could not move to an idle one).
-        cap = 1 if self.batch_size > 1 else self.section.max_in_flight_per_actor
+        batching = self.batch_size > 1
+        cap = 1 if batching else self.section.max_in_flight_per_actor
         if not self._queue:
             self._flushing = False
-        batching = self.batch_size > 1
         while self._queue:
             if self._hold():
                 return
