@@ -232,6 +232,7 @@ def _validate_rl(cfg: Config) -> None:
                f"{rl.kl_horizon} = {5 * rl.kl_horizon}: the adaptive KL factor 1 - 0.2 x {n} / {rl.kl_horizon} at a KL far "
                f"below rl.kl_target would make the coefficient <= 0; rl.kl_horizon must be at least {n // 5 + 1}")
         _check(cfg.model.lora.rank == 0, "model.lora.rank", "PPO with LoRA is not supported yet (the critic is a full model)")
+    _validate_rollout(rl)
     _check(rl.prompts_per_step >= 1, "rl.prompts_per_step", f"must be >= 1, got {rl.prompts_per_step}")
     _check(rl.max_new_tokens >= 1, "rl.max_new_tokens", f"must be >= 1, got {rl.max_new_tokens}")
     _check(rl.rollout_batch >= 1, "rl.rollout_batch", f"must be >= 1, got {rl.rollout_batch}")
@@ -289,6 +290,22 @@ def _validate_rl_tasks(cfg: Config) -> None:
     _check(rw.function_timeout_s > 0, "reward.function_timeout_s", f"must be > 0, got {rw.function_timeout_s}")
     _check(rw.python_time_limit_s > 0, "reward.python_time_limit_s", f"must be > 0, got {rw.python_time_limit_s}")
     _check(rw.python_memory_mb >= 32, "reward.python_memory_mb", f"must be >= 32, got {rw.python_memory_mb}")
+
+
+def _validate_rollout(rl) -> None:
+    ro = rl.rollout
+    _check(ro.placement in ("colocated", "disaggregated"), "rl.rollout.placement",
+           f"must be colocated|disaggregated, got {ro.placement!r}")
+    _check(ro.workers >= 1, "rl.rollout.workers", f"must be >= 1, got {ro.workers}")
+    _check(ro.cpus_per_worker > 0, "rl.rollout.cpus_per_worker", f"must be > 0, got {ro.cpus_per_worker}")
+    _check(ro.gpus_per_worker >= 0, "rl.rollout.gpus_per_worker", f"must be >= 0, got {ro.gpus_per_worker}")
+    _check(ro.bucket_mb >= 1, "rl.rollout.bucket_mb", f"must be >= 1, got {ro.bucket_mb}")
+    _check(rl.max_staleness >= 0, "rl.max_staleness", f"must be >= 0, got {rl.max_staleness}")
+    _check(1 <= ro.sync_every <= rl.max_staleness + 1 or ro.placement == "colocated", "rl.rollout.sync_every",
+           f"must be in [1, rl.max_staleness + 1 = {rl.max_staleness + 1}] (a step may not train on completions more "
+           f"than max_staleness versions old), got {ro.sync_every}")
+    _check(rl.is_correction in ("tis", "none"), "rl.is_correction", f"must be tis|none, got {rl.is_correction!r}")
+    _check(rl.is_cap >= 1, "rl.is_cap", f"must be >= 1 (the largest importance weight a token gets), got {rl.is_cap}")
 
 
 LORA_TARGETS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")  # elastic/model/lora.py TARGETS (checked in tests)

@@ -82,11 +82,13 @@ TRAIN_WORKER_ENV = {**JOB_WORK_ENV, "OMP_NUM_THREADS": "1"}  # OMP_NUM_THREADS: 
 
 def private_cpus(cfg: Config) -> int:
     """Logical CPUs of a private instance: every worker plus the store builder's packers (one
-    pipeline per training source and one for the held-out plan; the machine may have fewer
-    cores; oversubscription only costs time)."""
+    pipeline per training source and one for the held-out plan) plus a disaggregated RL run's
+    rollout actors (the machine may have fewer cores; oversubscription only costs time)."""
     s, d = cfg.scaling, cfg.data
     pipelines = max(1, len(d.mixture)) + 1
-    need = int(s.max_workers * s.cpus_per_worker + pipelines * d.tokenize_actors * d.tokenize_cpus + 0.999)
+    ro = cfg.rl.rollout  # a disaggregated RL run's rollout fleet (its own actors, apart from the trainers)
+    fleet = ro.workers * ro.cpus_per_worker if ro.placement == "disaggregated" else 0.0
+    need = int(s.max_workers * s.cpus_per_worker + pipelines * d.tokenize_actors * d.tokenize_cpus + fleet + 0.999)
     return max(os.cpu_count() or 1, need)
 
 

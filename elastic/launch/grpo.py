@@ -148,6 +148,7 @@ class GRPOLaunch(JobLaunch):
         self.cfg = cfg
         self.service = None
         self.rm = None
+        self.fleet = None
         if "model" in self.spec.kinds:
             check_reward_model(cfg, self.tok.json)
 
@@ -172,6 +173,14 @@ class GRPOLaunch(JobLaunch):
             from elastic.launch.reward_model_service import start_rm_service
 
             self.rm = start_rm_service(cfg.reward, name=reward_service_name(cfg))
+        if cfg.rl.rollout.placement == "disaggregated":  # the rollout fleet, apart from the trainers
+            from elastic.launch.rollouts import start_fleet
+            from elastic.records import EVENTS
+
+            self.fleet, _ = start_fleet(cfg, {
+                "tokenizer_json": self.tok.json, "chat_format": self.chat, "eos_id": self.tok.eos_id,
+                "prompt_texts": {t: self.tasks[t].prompt for t in self.split.train}, "train_ids": list(self.split.train),
+                "reward_service": reward_service_name(cfg), "events": os.path.join(paths.records_dir, EVENTS)})
 
     def trainer(self, cfg: Config, paths: RunPaths, gpu: bool):
         ids = list(self.split.train) + list(self.split.heldout)
@@ -185,6 +194,11 @@ class GRPOLaunch(JobLaunch):
                                     "train_ids": list(self.split.train), "heldout_ids": list(self.split.heldout)})
 
     def stop(self) -> None:
+        if getattr(self, "fleet", None) is not None:
+            from elastic.launch.rollouts import stop_fleet
+
+            stop_fleet(self.fleet)
+            self.fleet = None
         if self.service is not None:
             self.service.shutdown()
         if self.rm is not None:

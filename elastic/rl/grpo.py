@@ -41,7 +41,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 import torch
 
-from elastic.data.chat import ChatFormat, prompt_segments, tokenize_segments
+from elastic.data.chat import ChatFormat
 from elastic.data.tokenizer import from_json
 from elastic.records import append_record
 from elastic.rl.algorithms.advantages import group_advantages, weight_negatives, zero_variance_groups
@@ -51,7 +51,7 @@ from elastic.rl.algorithms.loss import grpo_loss
 from elastic.rl.algorithms.overlong import overlong_penalty
 from elastic.eval.pass_at_k import mean_pass_at_k
 from elastic.rl.prompts import PromptStream, completion_id, flat, group_of, rank_completions
-from elastic.rl.seeds import derive_seed, rollout_seed
+from elastic.rl.seeds import derive_seed
 from elastic.train.job import Job, Update, WorkerContext
 from elastic.train.step import LossFn, LossOutput, Micro, StepOutput, batch_attention, to_device
 
@@ -73,6 +73,10 @@ class Rollout:
     key: str = ""
     old_logp: Optional[np.ndarray] = None
     ref_logp: Optional[np.ndarray] = None
+    # Disaggregated placement: the log-probs of the policy version that generated it (at the
+    # scoring temperature) and that version (elastic/rl/rollout/plan.py).
+    behav_logp: Optional[np.ndarray] = None
+    version: Optional[int] = None
 
 
 @dataclass
@@ -114,15 +118,32 @@ def make_grpo_loss(rl, counts: Callable[[], StepCounts]) -> LossFn:
         ref = mb["ref_logp"][:, 1:] if "ref_logp" in mb else None
         with torch.no_grad():
             ent = token_entropy(logits, temp)
+        is_w, is_stats = off_policy_weights(rl, mb, old, mask)
         total, stats = grpo_loss(logp, old, mb["adv"], mask, loss_agg=rl.loss_agg, counts=counts(),
                                  clip_low=rl.clip_low, clip_high=rl.clip_high, clip_ratio_c=rl.clip_ratio_c,
                                  ref_logp=ref, kl_coef=rl.kl_coef,
-                                 kl_estimator=rl.kl_estimator, entropy=ent)
-        stats = dict(stats)
+                                 kl_estimator=rl.kl_estimator, entropy=ent, is_weights=is_w)
+        stats = {**stats, **is_stats}
         stats["loss_sum"] = stats["loss"]  # already this micro-batch's share of the step loss
         return LossOutput(total, stats)
 
     return loss
+
+
+def off_policy_weights(rl, mb: Micro, old: torch.Tensor, mask: torch.Tensor):
+    """The truncated importance weights of a micro-batch's tokens and their statistics (sums, so
+    they add over micro-batches and ranks), when it carries behaviour log-probs (disaggregated
+    placement); (None, {}) otherwise. `old` [B, T-1]: pi_old at the targets."""
+    if "behav_logp" not in mb:
+        return None, {}
+    from elastic.rl.algorithms.off_policy import truncated_is_weights
+
+    valid = mask != 0
+    off = mb["off_policy"].unsqueeze(-1).expand_as(old) & valid
+    w, capped = truncated_is_weights(old, mb["behav_logp"][:, 1:], off, rl.is_cap)
+    stats = {"off_policy_tokens": off.double().sum(), "is_capped_tokens": (capped & valid).double().sum(),
+             "is_weight_sum": torch.where(off, w.detach().double(), torch.zeros((), dtype=torch.float64, device=w.device)).sum()}
+    return (w if rl.is_correction == "tis" else None), stats
 
 
 def train_plan(keep: np.ndarray, parts: Sequence[Sequence[int]], micro_batch_size: int) -> Tuple[List[List[int]], int]:
@@ -138,12 +159,24 @@ def train_plan(keep: np.ndarray, parts: Sequence[Sequence[int]], micro_batch_siz
     return kept, max(-(-len(ks) // micro_batch_size) for ks in kept)
 
 
+def add_behaviour(b: Dict[str, np.ndarray], part: List[Rollout], step: int) -> None:
+    """A micro-batch's behaviour log-probs aligned with its tokens (`behav_logp`, [B, L]) and
+    which rows an older version generated (`off_policy`, [B] bool), for the TIS weights."""
+    L = b["tokens"].shape[1]
+    behav = np.zeros((len(part), L), np.float32)
+    for j, r in enumerate(part):
+        a = len(r.prompt)
+        behav[j, a:a + len(r.tokens)] = r.behav_logp
+    b["behav_logp"] = behav
+    b["off_policy"] = np.array([r.version < step for r in part], bool)
+
+
 def decode_text(tok, ids: List[int]) -> str:
     return tok.decode(ids, skip_special_tokens=True)
 
 
 class GRPOJob(Job):
-    state_keys = ("prompt_cursor",)
+    state_keys = ("prompt_cursor", "rollout_buffer")
     wait_phase = "rollout"
 
     def __init__(self) -> None:
@@ -167,8 +200,10 @@ class GRPOJob(Job):
         self.tok = from_json(ctx.config["tokenizer_json"])
         self.chat: ChatFormat = ctx.config["chat_format"]
         self.eos_id: int = ctx.config["eos_id"]
-        self._prompt_ids: Dict[str, List[int]] = {}
-        self.prompt_format: str = rl.prompt_format
+        from elastic.rl.rollout.steps import StepPlanner
+
+        self.planner = StepPlanner(cfg, self.prompt_texts, ctx.config["train_ids"], ctx.config["tokenizer_json"],
+                                   self.chat, self.eos_id)
         self._initial_eval: Dict[str, Any] = {}
         self.reward = connect(ctx.config["reward_service"])
         # reward.kind's `model` term: its weight times the reward model's score is added to
@@ -187,6 +222,13 @@ class GRPOJob(Job):
         self.lora = ctx.cfg.model.lora.rank > 0
         self.ref_model = self._reference_model() if rl.kl_coef > 0 and not self.lora else None
         self._cursor = int(state.get("prompt_cursor") or 0)
+        self.fleet = None
+        if rl.rollout.placement == "disaggregated":
+            from elastic.rl.rollout import FleetClient, coordinator_name
+
+            self.fleet = FleetClient(coordinator_name(cfg.run.name), ctx.rank, ctx.world_size, rl.rollout.sync_every,
+                                     rl.rollout.bucket_mb)
+            self.fleet.reset(self._cursor // rl.prompts_per_step, state.get("rollout_buffer"), ctx.comm)
 
     def _reference_model(self) -> torch.nn.Module:
         """The frozen starting policy (model.init_from), sharded like the policy."""
@@ -200,21 +242,14 @@ class GRPOJob(Job):
         return model
 
     def prompt_tokens(self, problem: str) -> List[int]:
-        """The policy's input for a task: its prompt as a user message in the SFT chat format
-        (rl.prompt_format=chat), or the prompt text as is (raw: base models, code continuation)."""
-        if problem not in self._prompt_ids:
-            text = self.prompt_texts[problem]
-            if self.prompt_format == "raw":
-                self._prompt_ids[problem] = list(self.tok.encode(text, add_special_tokens=True).ids)
-            else:
-                segs = prompt_segments([{"role": "user", "content": text}], self.chat)
-                self._prompt_ids[problem] = tokenize_segments(segs, self.tok.encode_batch, self.eos_id)[0]
-        return self._prompt_ids[problem]
+        """The policy's input for a task (elastic/rl/rollout/steps.py)."""
+        return self.planner.prompt_tokens(problem)
 
     # ------------------------------------------------------------------ one step
     def updates(self, step: int) -> Iterator[Update]:
         rl, ctx = self.rl, self.ctx
         self._metrics, self._update_stats = {}, []
+        self._step = step
         if step == 0 and rl.eval_every and self.heldout:  # the starting policy, for "before vs after"
             self._initial_eval = {f"initial_{k}": v for k, v in self._heldout_eval(0).items()}
         prompts = self.stream.step(step, rl.prompts_per_step)
@@ -253,13 +288,11 @@ class GRPOJob(Job):
         from elastic.train.fsdp_generate import fsdp_generate
 
         rl = self.rl
-        rows: List[Rollout] = []
-        for k in ks:
-            slot, sample = group_of(k, rl.group_size)
-            pos, problem = prompts[slot]
-            rows.append(Rollout(k, problem, self.prompt_tokens(problem), [], False,
-                                key=f"{self.run_name}:{step}:{k}"))
-        seeds = [rollout_seed(self.ctx.cfg.run.seed, step, *group_of(r.k, rl.group_size)) for r in rows]
+        plan = self.planner.rows(step, ks)
+        rows = [Rollout(p["k"], p["problem"], p["prompt"], [], False, key=p["key"]) for p in plan]
+        if self.fleet is not None:
+            return self._take(step, rows)
+        seeds = [p["seed"] for p in plan]
         t0, c0 = time.perf_counter(), time.process_time()
         submitted = set()
 
@@ -283,6 +316,27 @@ class GRPOJob(Job):
             # below 1 on CPU means something else ran on this worker's cores meanwhile (the
             # report names it: usually the reward actors on the same machine).
             self._metrics["generate_cpu_frac"] = (time.process_time() - c0) / (gen_s * torch.get_num_threads())
+        self._metrics["_gen_tokens"] = sum(len(r.tokens) for r in rows)
+        return rows
+
+    def _take(self, step: int, rows: List[Rollout]) -> List[Rollout]:
+        """Disaggregated: publish this step's version (sync steps), then wait for this rank's
+        completions from the rollout fleet and hand them to the reward service (the actors
+        already streamed them there; a key it has is not evaluated twice, and after a resume the
+        checkpoint's completions reach a fresh service this way)."""
+        t0 = time.perf_counter()
+        self._metrics.update(self.fleet.publish(self.ctx.model, step))
+        t1 = time.perf_counter()
+        got = {r["k"]: r for r in self.fleet.take(step)}
+        wait = time.perf_counter() - t1
+        for r in rows:
+            g = got[r.k]
+            r.tokens, r.truncated, r.version = list(g["tokens"]), bool(g["truncated"]), int(g["version"])
+            r.behav_logp = np.asarray(g["logprobs"], np.float32)
+        self.reward.submit([(r.key, r.problem, decode_text(self.tok, r.tokens)) for r in rows], wait=False)
+        self._gen_t0 = t0
+        self._metrics["rollout_wait_s"] = wait
+        self._metrics["staleness"] = max(step - r.version for r in rows)
         self._metrics["_gen_tokens"] = sum(len(r.tokens) for r in rows)
         return rows
 
@@ -443,6 +497,8 @@ class GRPOJob(Job):
                 if not outcome.keep[r.k]:
                     b["cmask"][j] = 0.0
             b["adv"] = np.array([outcome.advantages[r.k] for r in part], np.float32)
+            if self.fleet is not None:
+                add_behaviour(b, part, self._step)
             if any(r.old_logp is not None for r in part):
                 b["old_logp"] = old
             if any(r.ref_logp is not None for r in part):
@@ -459,7 +515,11 @@ class GRPOJob(Job):
 
     # ------------------------------------------------------------------ records
     def state(self) -> Dict[str, Any]:
-        return {"prompt_cursor": self._cursor}
+        out: Dict[str, Any] = {"prompt_cursor": self._cursor}
+        if self.fleet is not None and self.ctx.rank == 0:  # rank 0 writes train_state.json
+            # The generated steps whose policy versions the checkpoint no longer has.
+            out["rollout_buffer"] = self.fleet.buffer(self._cursor // self.rl.prompts_per_step)
+        return out
 
     def evaluate(self, step: int) -> Dict[str, Any]:
         """Held-out evaluation on the steps it is due (every rl.eval_every and the last); the
@@ -530,6 +590,12 @@ class GRPOJob(Job):
         m["gen_tokens_per_s"] = gen_tokens * self.ctx.world_size / gen_s if gen_s else None
         span = self._metrics.get("_reward_span_s")
         m["reward_evals_per_s"] = self.N / span if span else None
+        if self.fleet is not None and self.ctx.rank == 0:  # the rollout fleet since the last step
+            st = self.fleet.stats()
+            tps = st["tokens_per_s"]
+            m.update(rollout_fleet=st["fleet"], rollout_idle_frac=st["idle_frac"], rollout_actors_lost=st["lost"],
+                     rollout_tokens_per_s=sum(tps.values()) if tps else None,
+                     rollout_tokens_per_s_by_actor=tps or None)
         if self._update_stats:
             s = {k: sum(u.get(k, 0.0) for u in self._update_stats) for k in self._update_stats[0]}
             n = max(s.get("tokens", 0.0), 1.0)
@@ -540,6 +606,10 @@ class GRPOJob(Job):
                      # dual clip (rl.clip_ratio_c): tokens with A < 0 whose ratio exceeded c
                      clip_frac_dual=s.get("clip_dual_tokens", 0.0) / n if rl.clip_ratio_c else None,
                      optimizer_updates=len(self._update_stats))
+            if "off_policy_tokens" in s:  # disaggregated: the truncated importance weights (elastic/rl/algorithms/off_policy.py)
+                off = s["off_policy_tokens"]
+                m.update(off_policy_frac=off / n, is_weight_mean=s["is_weight_sum"] / off if off else None,
+                         is_capped_frac=s["is_capped_tokens"] / off if off else None)
         return {k: v for k, v in m.items() if v is not None}
 
 

@@ -37,7 +37,7 @@ import torch
 
 from elastic.rl.algorithms.aggregation import StepCounts
 from elastic.rl.algorithms.gae import gae_advantages_returns, token_level_rewards
-from elastic.rl.grpo import GRPOJob, Rollout, StepOutcome, scoring_temperature
+from elastic.rl.grpo import GRPOJob, Rollout, StepOutcome, add_behaviour, off_policy_weights, scoring_temperature
 from elastic.rl.algorithms.kl_controller import build_kl_controller, kl_controller_from_state_dict
 from elastic.rl.algorithms.logprobs import token_entropy, token_logprobs
 from elastic.rl.algorithms.loss import grpo_loss
@@ -55,7 +55,7 @@ def critic_config(cfg):
 
 
 class PPOJob(GRPOJob):
-    state_keys = ("prompt_cursor", "kl_ctl")
+    state_keys = ("prompt_cursor", "kl_ctl", "rollout_buffer")
 
     # ------------------------------------------------------------------ the critic
     def build_aux(self, cfg, device, param_dtype) -> Dict[str, Any]:
@@ -93,6 +93,7 @@ class PPOJob(GRPOJob):
     def updates(self, step: int) -> Iterator[Update]:
         rl = self.rl
         self._metrics, self._update_stats, self._ppo_metrics = {}, [], {}
+        self._step = step
         self._pg_coef = 0.0 if step < rl.critic_warmup_steps else 1.0
         if step == 0 and rl.eval_every and self.heldout:
             self._initial_eval = {f"initial_{k}": v for k, v in self._heldout_eval(0).items()}
@@ -212,6 +213,8 @@ class PPOJob(GRPOJob):
             if not any(r.ref_logp is not None for r in part):
                 arrays.pop("ref_logp")
             b.update(arrays)
+            if self.fleet is not None:
+                add_behaviour(b, part, self._step)
             out.append(b)
         return out
 
@@ -228,14 +231,15 @@ class PPOJob(GRPOJob):
             with torch.no_grad():
                 ent = token_entropy(logits, temp)
             ref = mb["ref_logp"][:, 1:] if "ref_logp" in mb else None
+            is_w, is_stats = off_policy_weights(rl, mb, mb["old_logp"][:, 1:], mask)
             pg, stats = grpo_loss(logp, mb["old_logp"][:, 1:], mb["adv_tok"][:, 1:], mask, loss_agg=rl.loss_agg, counts=counts,
                                   clip_low=rl.clip_low, clip_high=rl.clip_high, clip_ratio_c=rl.clip_ratio_c,
-                                  ref_logp=ref, kl_coef=0.0, kl_estimator=rl.kl_estimator, entropy=ent)
+                                  ref_logp=ref, kl_coef=0.0, kl_estimator=rl.kl_estimator, entropy=ent, is_weights=is_w)
             v = self.critic(mb["tokens"], mb["positions"], mb["doc_ids"], batch_attention(self.critic, mb))[:, :-1, 0].float()
             vf, vclip = clipped_value_loss(v, mb["old_values"][:, 1:], mb["returns"][:, 1:], mask, rl.cliprange_value,
                                            rl.loss_agg, counts=counts)
             total = self._pg_coef * pg + rl.vf_coef * vf
-            stats = dict(stats)
+            stats = {**stats, **is_stats}
             stats["loss_sum"] = stats["loss"] * self._pg_coef + rl.vf_coef * vf.detach().double()
             stats["vf_loss"] = vf.detach().double()
             stats["vf_clipped_tokens"] = (vclip.double() * (mask != 0).sum()).detach()

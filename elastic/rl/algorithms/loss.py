@@ -47,7 +47,7 @@ def _masked_sum(valid: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
               loss_agg: str, counts: StepCounts, clip_low: float, clip_high: float, clip_ratio_c: float = 0.0,
               ref_logp: Optional[torch.Tensor] = None, kl_coef: float = 0.0, kl_estimator: str = "k3",
-              entropy: Optional[torch.Tensor] = None,
+              entropy: Optional[torch.Tensor] = None, is_weights: Optional[torch.Tensor] = None,
               grad_scale: float = 1.0) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     """This micro-batch's share of the step loss, and its statistics.
 
@@ -59,6 +59,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
 
     ``counts`` describes the whole step (:class:`~elastic.rl.algorithms.aggregation.StepCounts`).
     ``clip_ratio_c``: dual-clip bound for negative advantages (:mod:`elastic.rl.algorithms.objective`), 0 = off.
+    ``is_weights`` ``[B, T]`` (detached) multiplies each token's policy-gradient term: the truncated
+    importance weights of completions from an older policy (:mod:`elastic.rl.algorithms.off_policy`).
     ``ref_logp`` is needed only when ``kl_coef > 0``; given with ``kl_coef == 0`` it is used for
     the KL metric only. ``grad_scale`` multiplies the returned loss and nothing else: under
     FSDP/DDP, which *average* gradients over ranks, pass the world size so the accumulated
@@ -78,7 +80,8 @@ def grpo_loss(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tens
     adv = advantages.unsqueeze(-1) if advantages.dim() == logp.dim() - 1 else advantages
     adv = _keep(valid, adv.expand_as(logp))
     obj = clipped_objective(lp, old, adv, clip_low, clip_high, clip_ratio_c)
-    pg = _keep(valid, w * obj.loss).sum()
+    tok_loss = obj.loss if is_weights is None else obj.loss * _keep(valid, is_weights.detach().to(obj.loss.dtype))
+    pg = _keep(valid, w * tok_loss).sum()
     zero = torch.zeros((), dtype=torch.float64, device=logp.device)
     kl_loss, kl_sum = zero, zero
     total = pg

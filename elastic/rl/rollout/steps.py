@@ -1,0 +1,61 @@
+"""What a step's completions are, wherever they are generated: for 0-based step s, every
+completion k (0..N-1) with its problem, its prompt's token ids, its sampling seed and its key at
+the reward service. The colocated trainers and the disaggregated fleet's coordinator build the
+same rows from the same config, so the two placements sample the same completions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence
+
+from elastic.data.chat import ChatFormat, prompt_segments, tokenize_segments
+from elastic.data.tokenizer import from_json
+from elastic.rl.prompts import PromptStream, flat, group_of, rank_completions
+from elastic.rl.seeds import rollout_seed
+
+
+class StepPlanner:
+    """Rows of a step (see the module docstring) and which rank trains which."""
+
+    def __init__(self, cfg: Any, prompt_texts: Dict[str, str], train_ids: Sequence[str], tokenizer_json: str,
+                 chat: ChatFormat, eos_id: int) -> None:
+        self.rl = cfg.rl
+        self.seed = cfg.run.seed
+        self.run_name = cfg.run.name
+        self.prompt_texts = prompt_texts
+        self.stream = PromptStream(tuple(train_ids), cfg.run.seed)
+        self.tok = from_json(tokenizer_json)
+        self.chat = chat
+        self.eos_id = int(eos_id)
+        self.N = self.rl.prompts_per_step * self.rl.group_size
+        self._ids: Dict[str, List[int]] = {}
+
+    def prompt_tokens(self, problem: str) -> List[int]:
+        """The policy's input for a task: its prompt as a user message in the SFT chat format
+        (rl.prompt_format=chat), or the prompt text as is (raw: base models, code continuation)."""
+        if problem not in self._ids:
+            text = self.prompt_texts[problem]
+            if self.rl.prompt_format == "raw":
+                self._ids[problem] = list(self.tok.encode(text, add_special_tokens=True).ids)
+            else:
+                segs = prompt_segments([{"role": "user", "content": text}], self.chat)
+                self._ids[problem] = tokenize_segments(segs, self.tok.encode_batch, self.eos_id)[0]
+        return self._ids[problem]
+
+    def prompts(self, step: int):
+        return self.stream.step(step, self.rl.prompts_per_step)
+
+    def rows(self, step: int, ks: Sequence[int]) -> List[Dict[str, Any]]:
+        """{k, problem, prompt, seed, key} for completions `ks` of `step`."""
+        prompts = self.prompts(step)
+        out = []
+        for k in ks:
+            slot, sample = group_of(k, self.rl.group_size)
+            problem = prompts[slot][1]
+            out.append({"k": k, "problem": problem, "prompt": self.prompt_tokens(problem),
+                        "seed": rollout_seed(self.seed, step, slot, sample), "key": f"{self.run_name}:{step}:{k}"})
+        return out
+
+    def rank_parts(self, world: int) -> List[List[int]]:
+        """Each rank's completions, flat, in the order it generates and trains them."""
+        return [flat(rank_completions(self.N, self.rl.minibatches_per_update, world, r)) for r in range(world)]

@@ -1,0 +1,147 @@
+"""One rollout actor of a disaggregated RL run: its own copy of the policy, the generation engine,
+and a line to the reward service.
+
+The coordinator (elastic/rl/rollout/coordinator.py) hands it a unit of work: completions of one
+step, each with its prompt, its seed and its reward key, and the weights of the policy version
+that must generate them. The actor loads that version if it holds another one, generates the unit
+in one continuous-batching call (`elastic.generation.generate`, the engine the colocated trainers
+use, with the same per-completion seeds), streams every finished completion to the reward service
+at once (reward work starts before the unit ends), and returns the tokens with their behaviour
+log-probabilities (at the temperature the loss scores at, for the off-policy correction).
+
+It knows nothing of the trainers or of Ray Train: weights arrive as object-store buckets
+(elastic/rl/rollout/weights.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import warnings
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+# Fault injection for tests and drills: ELASTIC_FAULT_KILL_ROLLOUT="step=S,once=PATH" makes the
+# first actor that generates a unit of 1-based step S SIGKILL itself after that unit's first
+# finished completion (PATH is created first, so it happens once per run).
+FAULT_ENV = "ELASTIC_FAULT_KILL_ROLLOUT"
+
+
+def _fault() -> Optional[Tuple[int, str]]:
+    spec = os.environ.get(FAULT_ENV, "")
+    if not spec:
+        return None
+    kv = dict(p.split("=", 1) for p in spec.split(",") if "=" in p)
+    return int(kv["step"]), kv.get("once", "")
+
+
+class RolloutWorker:
+    """Ray actor body (the launch side wraps it with `ray.remote` and its resources)."""
+
+    def __init__(self, cfg_dict: Dict[str, Any], tokenizer_json: str, eos_id: int, reward_service: str) -> None:
+        from elastic.config import from_dict
+        from elastic.data.tokenizer import from_json
+        from elastic.train.loop import build_model, load_initial_weights, resolve_param_dtype
+
+        self.cfg = from_dict(cfg_dict)
+        rl = self.cfg.rl
+        self.rl = rl
+        gpu = rl.rollout.gpus_per_worker > 0 and torch.cuda.is_available()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+        if self.device.type == "cpu":
+            torch.set_num_threads(max(1, int(rl.rollout.cpus_per_worker)))
+        self.model, _, _ = build_model(self.cfg, self.device)
+        load_initial_weights(self.model, self.cfg)  # the frozen base under LoRA; overwritten otherwise
+        dtype = resolve_param_dtype(self.cfg.train.param_dtype, self.device)
+        if dtype != torch.float32:
+            self.model.to(dtype)
+        self.model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.tok = from_json(tokenizer_json)
+        self.eos_id = int(eos_id)
+        self.reward_service = reward_service
+        self._reward = None
+        self.version = -1
+        self.pid = os.getpid()
+
+    def ping(self) -> Dict[str, Any]:
+        return {"pid": self.pid, "device": str(self.device), "threads": torch.get_num_threads()}
+
+    def _client(self):
+        if self._reward is None:
+            from elastic.reward.service import connect
+
+            self._reward = connect(self.reward_service)
+        return self._reward
+
+    def _load(self, version: int, weights: Tuple[Any, List[Any]]) -> Dict[str, float]:
+        import ray
+
+        from elastic.rl.rollout.weights import load_into, unpack
+
+        if version == self.version:
+            return {}
+        t0 = time.perf_counter()
+        entries, refs = weights
+        buckets = ray.get(list(refs))
+        with warnings.catch_warnings():  # object-store arrays are read-only; they are only read
+            warnings.simplefilter("ignore", UserWarning)
+            nbytes = load_into(self.model, unpack(entries, buckets))
+        self.version = version
+        return {"load_s": time.perf_counter() - t0, "load_bytes": float(nbytes)}
+
+    def generate(self, step: int, version: int, weights: Tuple[Any, List[Any]], rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+        """Generate one unit: rows of {k, prompt, seed, key, problem}. Returns {"rows": [{k,
+        tokens, logprobs, truncated}], "version", "gen_s", "tokens", "load_s", "pid"}."""
+        from elastic.generation.generate import generate
+
+        rl = self.rl
+        info = self._load(version, weights)
+        client = self._client()
+        fault = _fault()
+        kill_now = False
+        if fault is not None and fault[0] == step + 1 and fault[1] and not os.path.exists(fault[1]):
+            open(fault[1], "w").close()
+            kill_now = True
+
+        def on_finish(i: int, c) -> None:
+            r = rows[i]
+            client.submit([(r["key"], r["problem"], self.tok.decode(c.tokens, skip_special_tokens=True))], wait=False)
+            if kill_now:  # mid-generation: the rest of the unit is unfinished
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        t0, c0 = time.perf_counter(), time.process_time()
+        outs = generate(self.model, [r["prompt"] for r in rows], rl.max_new_tokens, temperature=rl.temperature,
+                        top_p=rl.top_p, top_k=rl.top_k, stop_token_ids=[self.eos_id], seed=[r["seed"] for r in rows],
+                        on_finish=on_finish, max_batch=rl.rollout_batch)
+        gen_s = time.perf_counter() - t0
+        client.stats()  # the streamed submits have all been taken (their errors raise here)
+        temp = rl.temperature if rl.temperature > 0 else 1.0
+        lps = [np.asarray(c.logprobs, np.float32) for c in outs]
+        if temp != 1.0:  # the engine's log-probs are at temperature 1; the loss scores at `temp`
+            lps = self._logprobs_at(rows, outs, temp)
+        out_rows = [{"k": r["k"], "tokens": list(c.tokens), "logprobs": lp.tolist(), "truncated": c.finish_reason == "length"}
+                    for r, c, lp in zip(rows, outs, lps)]
+        return {"rows": out_rows, "version": version, "gen_s": gen_s, "cpu_s": time.process_time() - c0,
+                "tokens": sum(len(c.tokens) for c in outs), "pid": self.pid, **info}
+
+    @torch.no_grad()
+    def _logprobs_at(self, rows, outs, temp: float) -> List[np.ndarray]:
+        """log p(token) at temperature `temp`, one forward per completion (prompt + completion)."""
+        from elastic.model.attention import build_attention_metadata
+
+        res = []
+        for r, c in zip(rows, outs):
+            seq = torch.tensor([list(r["prompt"]) + list(c.tokens)], device=self.device)
+            pos = torch.arange(seq.shape[1], device=self.device)[None]
+            doc = torch.zeros_like(seq)
+            meta = build_attention_metadata(doc, self.model.attention_backend)
+            logits = self.model(seq, pos, doc, meta)[0, :-1].float() / temp
+            lp = torch.log_softmax(logits, -1).gather(-1, seq[0, 1:, None])[:, 0]
+            a = len(r["prompt"]) - 1
+            res.append(lp[a:a + len(c.tokens)].cpu().numpy().astype(np.float32))
+        return res
