@@ -330,3 +330,79 @@ def test_grpo_on_a_task_file_with_a_weighted_verifier_sum_and_pass_at_k(policy, 
     h = heldout_summary(m)
     assert set(h) == {"pass_at_1", "pass_at_2"} and h["pass_at_2"]["step"] == 2
     assert 0.0 <= h["pass_at_1"]["initial"] <= h["pass_at_2"]["initial"] <= 1.0
+
+
+# ----------------------------------------------------------------------------- disaggregated placement
+def _disagg(**extra):
+    """A rollout fleet of 2 actors apart from the 2 trainers. The session cluster has 4 logical
+    CPUs and the reward pool's 2 actors hold one each: trainers and rollout actors get half a CPU
+    each (one torch thread either way, as in the colocated baseline)."""
+    return {"rl.rollout.placement": "disaggregated", "rl.rollout.workers": 2, "rl.rollout.cpus_per_worker": 0.5,
+            "scaling.cpus_per_worker": 0.5, **extra}
+
+
+def _ledger_by_step(path):
+    by = {}
+    for r in read_jsonl(path):
+        by.setdefault(r["step"], set()).update(r["sample_ids"])
+    return {s: sorted(v) for s, v in by.items()}
+
+
+def test_disaggregated_at_staleness_0_reproduces_the_colocated_run(policy, baseline, tmp_path):
+    """rl.max_staleness 0: the fleet generates step s with version s, the weights the colocated
+    trainers generate with, in the same batches: the same completions, rewards, losses and
+    gradient norms as the colocated baseline."""
+    store = tmp_path / "runs"
+    run_grpo(grpo_overrides(store, "d0", policy, STEPS, **_disagg(**{"rl.max_staleness": 0})), progress=False)
+    ma = read_jsonl(baseline / "a" / "metrics.jsonl")
+    md = read_jsonl(store / "d0" / "metrics.jsonl")
+    assert [r["step"] for r in md] == [1, 2, 3, 4]
+    ra, rd = _rollouts(baseline / "a" / "rollouts.jsonl"), _rollouts(store / "d0" / "rollouts.jsonl")
+    assert {k: (v["problem"], v["completion"], v["reward"]) for k, v in rd.items()} == \
+           {k: (v["problem"], v["completion"], v["reward"]) for k, v in ra.items()}
+    for a, d in zip(ma, md):
+        for k in ("reward_mean", "pass_rate", "kept_frac", "tokens", "zero_var_frac"):
+            assert a[k] == d[k], (k, a["step"])
+        assert d["staleness"] == 0 and d["sync_bytes"] > 0 and d["sync_s"] > 0 and "rollout_wait_s" in d
+        assert "generate_s" not in d  # the trainers did not generate
+        assert d["rollout_fleet"] == 2
+    np.testing.assert_allclose([r["loss"] for r in md], [r["loss"] for r in ma], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose([r["grad_norm"] for r in md], [r["grad_norm"] for r in ma], rtol=1e-6, atol=1e-9)
+    assert _ledger_by_step(store / "d0" / "ledger.jsonl") == _ledger_by_step(baseline / "a" / "ledger.jsonl")
+
+
+def test_disaggregated_off_policy_run_survives_a_killed_rollout_actor_and_resumes_exactly(policy, tmp_path, monkeypatch):
+    """rl.max_staleness 1: step s trains on completions of version s-1 (generated while step s-1
+    trained), with truncated importance weights. One run undisturbed; another whose rollout actor
+    SIGKILLs itself in the middle of step 2's generation (the coordinator reissues the unit to a
+    replacement with the same seeds), stopped after step 2 and relaunched with 1 trainer and
+    1 rollout actor: the same completions, rewards and ledger, losses within 1e-4."""
+    store = tmp_path / "runs"
+    ov = _disagg(**{"rl.max_staleness": 1})
+    run_grpo(grpo_overrides(store, "c", policy, STEPS, **ov), progress=False)
+    marker = tmp_path / "rollout-killed"
+    monkeypatch.setenv("ELASTIC_FAULT_KILL_ROLLOUT", f"step=2,once={marker}")
+    run_grpo(grpo_overrides(store, "k", policy, STEPS, **ov, **{"train.until_step": 2}), progress=False)
+    monkeypatch.delenv("ELASTIC_FAULT_KILL_ROLLOUT")
+    assert marker.exists()
+    state = json.loads((store / "k" / "step_00000002" / "train_state.json").read_text())
+    assert sorted(state["rollout_buffer"]) == ["2"] and {r["version"] for r in state["rollout_buffer"]["2"]} == {1}
+    one = _disagg(**{"rl.max_staleness": 1, "rl.rollout.workers": 1, "scaling.min_workers": 1, "scaling.max_workers": 1})
+    run_grpo(grpo_overrides(store, "k", policy, STEPS, **one), progress=False)
+
+    mc, mk = read_jsonl(store / "c" / "metrics.jsonl"), read_jsonl(store / "k" / "metrics.jsonl")
+    assert [r["step"] for r in mk] == [1, 2, 3, 4] and [r["world_size"] for r in mk] == [2, 2, 1, 1]
+    assert [r["staleness"] for r in mc] == [0, 1, 1, 1]
+    assert any(r.get("off_policy_frac", 0) > 0 and 0 < r["is_weight_mean"] for r in mc)
+    rc, rk = _rollouts(store / "c" / "rollouts.jsonl"), _rollouts(store / "k" / "rollouts.jsonl")
+    assert {k: (v["problem"], v["completion"], v["reward"]) for k, v in rk.items()} == \
+           {k: (v["problem"], v["completion"], v["reward"]) for k, v in rc.items()}
+    for a, b in zip(mc, mk):
+        assert a["reward_mean"] == b["reward_mean"] and a["kept_frac"] == b["kept_frac"], a["step"]
+    np.testing.assert_allclose([r["loss"] for r in mk], [r["loss"] for r in mc], rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose([r["grad_norm"] for r in mk], [r["grad_norm"] for r in mc], rtol=1e-4, atol=1e-7)
+    assert _ledger_by_step(store / "k" / "ledger.jsonl") == _ledger_by_step(store / "c" / "ledger.jsonl")
+    ev = read_jsonl(store / "k" / "events.jsonl")
+    lost = [i for i, e in enumerate(ev) if e.get("event") == "rollout_worker_lost"]
+    assert len(lost) == 1 and ev[lost[0]]["step"] == 2
+    assert any(e.get("event") == "rollout_worker_added" for e in ev[lost[0]:])  # the fleet was brought back
