@@ -393,6 +393,8 @@ def test_disaggregated_off_policy_run_survives_a_killed_rollout_actor_and_resume
     mc, mk = read_jsonl(store / "c" / "metrics.jsonl"), read_jsonl(store / "k" / "metrics.jsonl")
     assert [r["step"] for r in mk] == [1, 2, 3, 4] and [r["world_size"] for r in mk] == [2, 2, 1, 1]
     assert [r["staleness"] for r in mc] == [0, 1, 1, 1]
+    report = (store / "c" / "report.md").read_text()  # the report says who waited on whom
+    assert "## Rollout fleet (disaggregated)" in report and "| 0: 1, 1: 3 |" in report and "trainer idle share" in report
     assert any(r.get("off_policy_frac", 0) > 0 and 0 < r["is_weight_mean"] for r in mc)
     rc, rk = _rollouts(store / "c" / "rollouts.jsonl"), _rollouts(store / "k" / "rollouts.jsonl")
     assert {k: (v["problem"], v["completion"], v["reward"]) for k, v in rk.items()} == \

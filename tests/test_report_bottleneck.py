@@ -289,3 +289,28 @@ def test_no_records_is_unknown():
 def test_spike_detector(values, expect):
     found = upward_spikes(list(range(len(values))), values, LOSS_Z, LOSS_MIN_REL)
     assert [s for s, _ in found] == expect
+
+
+def _disagg_records(rollout_wait: float, idle: float, n: int = 6):
+    recs = []
+    for s in range(1, n + 1):
+        step_s = rollout_wait + 0.1 + 0.2 + 0.7
+        recs.append({"step": s, "step_s": step_s, "rollout_wait_s": rollout_wait, "reward_wait_s": 0.1, "logprob_s": 0.2,
+                     "update_s": 0.7, "rollout_fleet": 2, "rollout_idle_frac": idle, "rollout_tokens_per_s": 900.0,
+                     "tokens": 1000, "mfu": 0.01, "world_size": 2, "time": 100.0 + s, **({"warmup": True} if s == 1 else {})})
+    return recs
+
+
+def test_disaggregated_trainers_waiting_on_the_fleet_name_rollout_wait_and_its_levers():
+    cfg = {**CFG, "rl": {**CFG["rl"], "max_staleness": 1, "rollout": {"workers": 2}}}
+    d = diagnose(_disagg_records(rollout_wait=1.0, idle=0.05), [], None, cfg)
+    assert d.name == "rollout_wait" and d.score == pytest.approx(1.0 / 2.0)
+    assert "waited for the rollout fleet 50%" in d.evidence and "2 rollout actors" in d.evidence
+    assert "rl.rollout.workers (now 2)" in d.lever and "rl.max_staleness (now 1)" in d.lever
+
+
+def test_disaggregated_fleet_idle_while_trainers_never_wait_says_training_limits():
+    cfg = {**CFG, "rl": {**CFG["rl"], "rollout": {"workers": 2}}, "scaling": {**CFG["scaling"], "max_workers": 2}}
+    d = diagnose(_disagg_records(rollout_wait=0.01, idle=0.8), [], None, cfg)
+    assert d.name == "compute"
+    assert "fleet was idle 80%" in d.evidence and "more trainers (scaling.max_workers (now 2))" in d.evidence

@@ -20,6 +20,10 @@ reaches its threshold:
                  rank (a straggler, or another rank's input)                ≥ 10%
   generation     Σ generate_s / Σ step_s (GRPO)                            ≥ 50%
   reward_wait    Σ reward_wait_s / Σ step_s (GRPO)                         ≥ 15%
+  rollout_wait   Σ rollout_wait_s / Σ step_s (disaggregated RL: the trainers
+                 waited for the rollout fleet)                              ≥ 15%
+                 (when nothing waits and the fleet was idle ≥ 50% of its time,
+                 the compute verdict says training limits the run: more trainers)
                  (both GRPO classes add CPU contention as evidence when CPU
                  generation got < 75% of its cores: mean generate_cpu_frac =
                  process CPU s / (wall s × torch threads) of sampling)
@@ -72,6 +76,7 @@ THRESHOLDS: Dict[str, float] = {
     "sync": 0.10,
     "generation": 0.50,
     "reward_wait": 0.15,
+    "rollout_wait": 0.15,
     "restarts": 0.05,
     "overhead": 0.05,
     "instability": 0.01,
@@ -83,13 +88,17 @@ INSTABILITY_MIN_STEPS = 2
 CPU_CONTENTION = 0.75
 GPU_LOW_MFU = 0.30
 # Classes that cost time; their scores are shares of the run's time and compete directly.
-TIME_CLASSES = ("input", "communication", "checkpoint", "sync", "generation", "reward_wait", "restarts", "overhead", "instability")
+TIME_CLASSES = ("input", "communication", "checkpoint", "sync", "generation", "reward_wait", "rollout_wait", "restarts", "overhead",
+                "instability")
+# A disaggregated run's fleet idle at least this share of its time (while the trainers did not wait)
+# means training limits the run.
+FLEET_IDLE = 0.5
 # Per-step time fields (`<key>_s` in metrics.jsonl) and their labels.
 BREAKDOWN_KEYS = (("data_wait", "data wait"), ("forward", "forward (incl. exposed comm)"),
                   ("backward", "backward (incl. exposed comm)"), ("optimizer", "optimizer"), ("checkpoint", "checkpoint"),
                   ("sync", "waiting for other ranks"), ("eval", "held-out evaluation"), ("profile", "profiler overhead"),
                   ("comm", "exposed comm (profiled steps)"), ("generate", "generate"), ("reward_wait", "reward wait"),
-                  ("logprob", "log-probs"), ("update", "update"))
+                  ("logprob", "log-probs"), ("update", "update"), ("rollout_wait", "waiting for the rollout fleet"))
 STOP_INSTABILITY = re.compile(r"bad|nan|non-?finite|diverg|spike|inf\b", re.I)
 
 
@@ -226,8 +235,8 @@ def time_figures(recs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     for k, _ in BREAKDOWN_KEYS:
         f[f"{k}_share"] = _share(recs, f"{k}_s")
     f["comm_sampled_steps"] = sum(1 for r in recs if _num(r.get("comm_s")))
-    grpo = f["generate_share"] is not None
-    parts = (("generate", "reward_wait", "logprob", "update", "sync", "checkpoint", "eval") if grpo
+    grpo = f["generate_share"] is not None or f["rollout_wait_share"] is not None
+    parts = (("generate", "rollout_wait", "reward_wait", "logprob", "update", "sync", "checkpoint", "eval") if grpo
              else ("data_wait", "forward", "backward", "optimizer", "sync", "checkpoint", "eval", "profile"))
     known = [f[f"{p}_share"] for p in parts if f[f"{p}_share"] is not None]
     f["other_share"] = max(0.0, 1.0 - sum(known)) if len(known) > 1 else None
@@ -244,6 +253,9 @@ def time_figures(recs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     f["reward_evals_per_s_mean"] = _mean(recs, "reward_evals_per_s")
     f["generate_cpu_frac_mean"] = _mean(recs, "generate_cpu_frac")
     f["trunc_rate_mean"] = _mean(recs, "trunc_rate")
+    f["rollout_idle_frac_mean"] = _mean(recs, "rollout_idle_frac")
+    f["rollout_fleet_mean"] = _mean(recs, "rollout_fleet")
+    f["rollout_tokens_per_s_mean"] = _mean(recs, "rollout_tokens_per_s")
     return f
 
 
@@ -267,7 +279,7 @@ def stability_figures(steps: Sequence[Dict[str, Any]], events: Sequence[Dict[str
     st = [r["step"] for r in steps]
     # A GRPO loss is a policy-gradient surrogate around zero whose sign follows the advantages:
     # its jumps are not divergence. GRPO instability shows in gradient norms and bad steps.
-    grpo = any("generate_s" in r for r in steps)
+    grpo = any("generate_s" in r or "rollout_wait_s" in r for r in steps)
     if grpo:
         spike_ev = set()
     loss_sp = [] if grpo else spikes.upward_spikes(st, [r.get("loss") for r in steps], spikes.LOSS_Z,
@@ -436,6 +448,9 @@ def diagnose(metrics: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]]
                              f"the trainer waited on the reward pool {_pct(s)} of GRPO step time{rate}.{shared}",
                              apart + f"more reward actors: reward.num_actors{_now(config, 'reward.num_actors')}, or CPU nodes"
                              + cheaper))
+    s = tf["rollout_wait_share"]
+    if s is not None and s >= THRESHOLDS["rollout_wait"]:
+        found.append(_rollout_wait(s, tf, config))
     f = _restarts(recovery, tf["step_s_mean"], checkpoint_figures(metrics, events)["checkpoint_blocked_per_save_s"], config)
     if f:
         found.append(f)
@@ -450,7 +465,11 @@ def diagnose(metrics: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]]
                              f"train.activation_checkpointing: full{_now(config, 'train.activation_checkpointing')} or a "
                              f"smaller train.micro_batch_size{_now(config, 'train.micro_batch_size')}"))
     if not found:
-        found.append(_grpo_largest_part(tf, config) or _compute(tf, device, config))
+        top = _grpo_largest_part(tf, config) or _compute(tf, device, config)
+        note = _fleet_idle_note(tf, config)
+        if note:
+            top = Finding(top.name, top.score, top.threshold, top.evidence + note, top.lever)
+        found.append(top)
     top = found[0]
     return Diagnosis(top.name, top.score, top.threshold, top.evidence, top.lever, device, len(steady), found, figures)
 
@@ -514,6 +533,29 @@ def _generation(tf: Dict[str, Any], config: Optional[Dict[str, Any]]) -> Finding
                    f"{_now(config, 'rl.prompts_per_step')}; or a faster batched KV-cache sampler")
 
 
+def _rollout_wait(s: float, tf: Dict[str, Any], config: Optional[Dict[str, Any]]) -> Finding:
+    """Disaggregated RL: the trainers waited for the rollout fleet."""
+    ev = f"the trainers waited for the rollout fleet {_pct(s)} of step time"
+    if _num(tf["rollout_fleet_mean"]):
+        ev += f" ({tf['rollout_fleet_mean']:.3g} rollout actors"
+        ev += f", {tf['rollout_tokens_per_s_mean']:.0f} generated tokens/s" if _num(tf["rollout_tokens_per_s_mean"]) else ""
+        ev += f", idle {_pct(tf['rollout_idle_frac_mean'])} of their time)" if _num(tf["rollout_idle_frac_mean"]) else ")"
+    return Finding("rollout_wait", s, THRESHOLDS["rollout_wait"], ev + ".",
+                   f"more rollout actors: rl.rollout.workers{_now(config, 'rl.rollout.workers')} (scripts/scale_rollouts.sh "
+                   f"on a running job); a larger rl.max_staleness{_now(config, 'rl.max_staleness')} so more generation "
+                   f"overlaps training; or shorter completions: rl.max_new_tokens{_now(config, 'rl.max_new_tokens')}")
+
+
+def _fleet_idle_note(tf: Dict[str, Any], config: Optional[Dict[str, Any]]) -> str:
+    """When a disaggregated run's fleet mostly waited on the trainers: say so, with the lever."""
+    idle = tf.get("rollout_idle_frac_mean")
+    if not _num(idle) or idle < FLEET_IDLE:
+        return ""
+    return (f" The rollout fleet was idle {_pct(idle)} of its time: training limits the run; more trainers "
+            f"(scaling.max_workers{_now(config, 'scaling.max_workers')}) or fewer rollout actors "
+            f"(rl.rollout.workers{_now(config, 'rl.rollout.workers')}).")
+
+
 def _grpo_largest_part(tf: Dict[str, Any], config: Optional[Dict[str, Any]]) -> Optional[Finding]:
     """GRPO's fallback: when nothing is a finding, the larger of sampling and the training
     passes (log-probs + update) limits the step, so name sampling when it is the larger; a
@@ -551,6 +593,7 @@ MEASURES = (
     ("checkpoint", "checkpoint_share", "checkpoint / step time"),
     ("generation", "generate_share", "generate / step time (GRPO)"),
     ("reward_wait", "reward_wait_share", "reward wait / step time (GRPO)"),
+    ("rollout_wait", "rollout_wait_share", "rollout wait / step time (disaggregated RL)"),
     ("restarts", "lost_share", "1 − goodput (with restarts: restarts, else overhead)"),
     ("instability", "affected_share", "bad or spiking steps / steps"),
     ("memory", "mem_frac", "peak memory / device memory"),

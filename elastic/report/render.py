@@ -177,6 +177,7 @@ def render_markdown(run: RunData, diag: Diagnosis, plots: Dict[str, str], out_di
                       r.get("steps_redone"), _dur(r.get("recovery_s"))) for i, r in enumerate(restarts, 1)])
         L += [""]
     L += _grpo_section(run)
+    L += _rollout_section(run)
     L += _eval_section(run)
     L += _events_section(run, diag)
     if run.notes:
@@ -250,6 +251,47 @@ def _grpo_section(run: RunData) -> List[str]:
     # First-10 against last-10 means: one step's figures swing with which prompts it drew, so the
     # window means are what says whether the policy learned.
     return ["## GRPO", ""] + _table(("metric", "first", "last", "mean of first 10", "mean of last 10", "at step"), rows) + [""] + extra
+
+
+def _rollout_section(run: RunData) -> List[str]:
+    """A disaggregated RL run (rl.rollout.placement: disaggregated): who waited on whom, the
+    staleness histogram, weight syncs and the fleet's throughput."""
+    steps = [r for r in run.steps if _num(r.get("rollout_wait_s"))]
+    if not steps:
+        return []
+    steady = [r for r in steps if not r.get("warmup")] or steps
+    total = sum(r["step_s"] for r in steady if _num(r.get("step_s"))) or 1.0
+
+    def share(k: str) -> float:
+        return sum(r.get(k) or 0.0 for r in steady) / total
+
+    hist: Dict[int, int] = {}
+    for r in steps:
+        if _num(r.get("staleness")):
+            hist[int(r["staleness"])] = hist.get(int(r["staleness"]), 0) + 1
+    syncs = [r for r in steps if _num(r.get("sync_s"))]
+    idle = [r["rollout_idle_frac"] for r in steady if _num(r.get("rollout_idle_frac"))]
+    tps = [r["rollout_tokens_per_s"] for r in steady if _num(r.get("rollout_tokens_per_s"))]
+    per_actor: Dict[str, List[float]] = {}
+    for r in steady:
+        for a, v in (r.get("rollout_tokens_per_s_by_actor") or {}).items():
+            per_actor.setdefault(a, []).append(v)
+    rows = [("trainer idle share", _pct(share("rollout_wait_s") + share("reward_wait_s")),
+             "Σ (rollout_wait_s + reward_wait_s) / Σ step_s over steady steps"),
+            ("  of it waiting for the fleet", _pct(share("rollout_wait_s")), "Σ rollout_wait_s / Σ step_s"),
+            ("rollout fleet idle share", _pct(sum(idle) / len(idle)) if idle else "—",
+             "mean over steps of 1 - busy actor-seconds / (actors × wall seconds)"),
+            ("fleet generated tokens/s", _f(sum(tps) / len(tps)) if tps else "—",
+             "mean over steps of Σ actors' tokens / their generation seconds"),
+            ("weight syncs", f"{len(syncs)}, {_f(sum(r['sync_s'] for r in syncs) / len(syncs))} s and "
+             f"{_f(sum(r.get('sync_bytes', 0) for r in syncs) / len(syncs) / 2**20)} MiB each" if syncs else "—",
+             "gather + pack + object-store put on rank 0, per sync"),
+            ("staleness (steps: count)", ", ".join(f"{k}: {v}" for k, v in sorted(hist.items())) or "—",
+             "step - the version that generated its completions")]
+    for a in sorted(per_actor, key=lambda x: int(x) if x.isdigit() else x):
+        v = per_actor[a]
+        rows.append((f"  rollout actor {a} tokens/s", _f(sum(v) / len(v)), f"over the {len(v)} steps it finished work in"))
+    return ["## Rollout fleet (disaggregated)", ""] + _table(("figure", "value", "formula"), rows) + [""]
 
 
 def _events_section(run: RunData, diag: Diagnosis) -> List[str]:

@@ -133,6 +133,13 @@ class Progress:
         parts += [f"{label} {fmt.format(r[k])}" for k, label, fmt in EXTRA_FIELDS if isinstance(r.get(k), (int, float))]
         if r.get("world_size"):
             parts.append(f"{r['world_size']} workers")
+        if isinstance(r.get("rollout_fleet"), (int, float)):  # disaggregated RL: the fleet and who waited
+            fleet = f"{r['rollout_fleet']} rollout actors"
+            if isinstance(r.get("rollout_idle_frac"), (int, float)):
+                fleet += f" ({r['rollout_idle_frac']:.0%} idle)"
+            if isinstance(r.get("rollout_wait_s"), (int, float)):
+                fleet += f", trainers waited {r['rollout_wait_s']:.2f}s"
+            parts.append(fleet)
         eta = self.eta_s()
         if r["step"] < self.stop_step and eta is not None:
             parts.append(f"ETA {fmt_duration(eta)}")
