@@ -21,7 +21,7 @@ from elastic.launch.driver import JOB_WORK_ENV
 from elastic.rl.rollout import NAMESPACE, coordinator_name
 from elastic.rl.rollout.coordinator import RolloutCoordinator
 
-START_TIMEOUT_S = 600.0
+START_TIMEOUT_S = 300.0  # an actor that cannot be placed: one line, not a hang
 
 
 def worker_options(cfg: Config) -> Dict[str, Any]:
@@ -47,7 +47,16 @@ def start_fleet(cfg: Config, spec: Dict[str, Any]):
     spec = {**spec, "cfg": to_dict(cfg), "worker_options": worker_options(cfg)}
     actor = ray.remote(RolloutCoordinator).options(name=coordinator_name(cfg.run.name), namespace=NAMESPACE, num_cpus=0,
                                                    max_concurrency=1000, runtime_env={"env_vars": dict(JOB_WORK_ENV)}).remote(spec)
-    info = ray.get(actor.start.remote(), timeout=START_TIMEOUT_S)
+    try:
+        info = ray.get(actor.start.remote(), timeout=START_TIMEOUT_S)
+    except ray.exceptions.GetTimeoutError:
+        stop_fleet(actor)
+        ro = cfg.rl.rollout
+        need = f"{ro.cpus_per_worker:g} CPU" + (f" + {ro.gpus_per_worker:g} GPU" if ro.gpus_per_worker else "")
+        free = {k: round(v, 2) for k, v in ray.available_resources().items() if k in ("CPU", "GPU")}
+        raise RuntimeError(f"rl.rollout: {ro.workers} rollout actor(s) of {need} each did not start within "
+                           f"{START_TIMEOUT_S:g} s (free now: {free}); lower rl.rollout.cpus_per_worker or "
+                           "rl.rollout.workers, or add nodes") from None
     return actor, info
 
 
