@@ -24,7 +24,7 @@ from elastic.data.ray_dataset import snapshot_dataset
 from elastic.launch.pretrain import run_pretraining
 from tests.helpers import WORDS, ledger_by_step, read_jsonl, small_run_overrides
 
-STEPS, KILL_AFTER = 12, 3
+STEPS, KILL_AFTER = 8, 3  # 8: enough steps after the kill at 3 for the resume to matter
 
 
 def _rows(n=120, seed=0):
