@@ -57,3 +57,44 @@ def whole_epoch(stream):
     from elastic.data.reader import first_samples
 
     return first_samples(stream, 1 << 40)
+
+
+def start_job(script: str, overrides: List[str], log: Path):
+    """`jobs/<script>` with these overrides in a subprocess that starts its own private Ray
+    instance (RAY_ADDRESS=local), on the schema's defaults (an empty --config: exactly what
+    `load_config(None, overrides)` gives in-process). A run launched this way can train beside
+    one that runs in the test process on the session's cluster: two independent runs overlap
+    instead of queueing for the same 4 logical CPUs."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    empty = log.with_suffix(".defaults.yaml")
+    empty.write_text("{}\n")
+    args = [sys.executable, str(repo / "jobs" / script), "--config", str(empty)]
+    for o in overrides:
+        args += ["--set", o]
+    env = {**os.environ, "RAY_ADDRESS": "local", "WANDB_MODE": "disabled"}
+    with open(log, "w") as f:
+        return subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=repo, start_new_session=True)
+
+
+def finish_job(proc, log: Path, timeout: float = 600) -> None:
+    """Wait for a job from start_job to succeed; kill its whole process tree if it is still
+    running when the test leaves (its private Ray instance with it)."""
+    import os
+    import signal
+
+    import psutil
+
+    try:
+        assert proc.wait(timeout=timeout) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            for pid in [proc.pid] + [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait(timeout=30)

@@ -107,24 +107,41 @@ def _final_losses(run):
     return [final[s] for s in range(1, STEPS + 1)]
 
 
-def test_worker_killed_during_async_write_resumes_like_an_undisturbed_run(tmp_path):
+def test_worker_or_job_killed_during_async_write_resumes_from_the_previous_checkpoint(tmp_path):
+    """Cases 1 and 2 of the module docstring, and the undisturbed reference run, side by side: three
+    independent jobs (each with its own private Ray instance and run directory) whose time is
+    mostly start-up and waiting, so they overlap instead of queueing."""
     corpus = make_text_corpus(tmp_path / "corpus")
     store = tmp_path / "runs"
     ref = _job(small_run_overrides(store, "ref", corpus, STEPS, **{"checkpoint.async_save": "false"}), {},
                open(tmp_path / "ref.log", "w"))
-    assert ref.wait(timeout=600) == 0, (tmp_path / "ref.log").read_text()[-3000:]
-
     run, marker, log = store / "crash", tmp_path / "delay-fired", tmp_path / "crash.log"
     p = _job(small_run_overrides(store, "crash", corpus, STEPS),
              {"ELASTIC_FAULT_CKPT_DELAY": f"rank=1,step=4,seconds=300,once={marker}"}, open(log, "w"))
+    jrun, jmarker, jlog = store / "jobkill", tmp_path / "jobkill-delay-fired", tmp_path / "jobkill-first.log"
+    jov = small_run_overrides(store, "jobkill", corpus, STEPS)
+    j = _job(jov, {"ELASTIC_FAULT_CKPT_DELAY": f"rank=1,step=4,seconds=300,once={jmarker}"}, open(jlog, "w"))
+    p2 = None
     try:
+        # 1. one worker SIGKILLed inside the write of checkpoint 4
         _wait_inside_write_of_4(p, run, marker, log)
         workers = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "worker" and e["rank"] == 1]
         os.kill(workers[-1]["pid"], signal.SIGKILL)
+        # 2. the whole job SIGKILLed in the same state, and launched again
+        try:
+            _wait_inside_write_of_4(j, jrun, jmarker, jlog)
+        finally:
+            _kill_tree(j)
+        p2 = _job(jov, {}, open(tmp_path / "jobkill-second.log", "w"))
         assert p.wait(timeout=600) == 0, log.read_text()[-3000:]
+        assert ref.wait(timeout=600) == 0, (tmp_path / "ref.log").read_text()[-3000:]
+        assert p2.wait(timeout=600) == 0, (tmp_path / "jobkill-second.log").read_text()[-3000:]
     finally:
-        if p.poll() is None:
-            _kill_tree(p)
+        for job in (p, ref, j, p2):
+            if job is not None and job.poll() is None:
+                _kill_tree(job)
+
+    # 1. Ray Train restarted the worker group within the job, from checkpoint 2.
     acc = _checks_after_recovery(run, redone=4)
     assert [r["cause"] for r in acc["restarts"]] == ["failure"]
     done = [e["step"] for e in read_jsonl(run / "events.jsonl") if e["event"] == "checkpoint_done"]
@@ -138,20 +155,7 @@ def test_worker_killed_during_async_write_resumes_like_an_undisturbed_run(tmp_pa
     for name in ("__0_0.distcp", "__1_0.distcp"):
         assert (run / "step_00000006" / name).read_bytes() == (store / "ref" / "step_00000006" / name).read_bytes()
 
-
-def test_job_killed_during_async_write_relaunches_from_the_previous_checkpoint(tmp_path):
-    corpus = make_text_corpus(tmp_path / "corpus")
-    store = tmp_path / "runs"
-    run, marker, log = store / "crash", tmp_path / "delay-fired", tmp_path / "first.log"
-    ov = small_run_overrides(store, "crash", corpus, STEPS)
-    p = _job(ov, {"ELASTIC_FAULT_CKPT_DELAY": f"rank=1,step=4,seconds=300,once={marker}"}, open(log, "w"))
-    try:
-        _wait_inside_write_of_4(p, run, marker, log)
-    finally:
-        _kill_tree(p)
-
-    p2 = _job(ov, {}, open(tmp_path / "second.log", "w"))
-    assert p2.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
-    acc = _checks_after_recovery(run, redone=4)
+    # 2. The relaunch resumed from checkpoint 2, cleared the half-written directory and finished.
+    acc = _checks_after_recovery(jrun, redone=4)
     assert [r["cause"] for r in acc["restarts"]] == ["relaunch"]
-    assert (run / f"step_{STEPS:08d}" / "__1_0.distcp").exists()
+    assert (jrun / f"step_{STEPS:08d}" / "__1_0.distcp").exists()

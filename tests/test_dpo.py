@@ -16,7 +16,7 @@ import pytest
 
 from elastic.config import load_config
 from elastic.launch.dpo import run_dpo
-from tests.helpers import ledger_by_step, read_jsonl
+from tests.helpers import finish_job, ledger_by_step, read_jsonl, start_job
 
 WORDS = ["alpha", "beta", "gamma", "delta", "elastic", "ray", "torch", "shard"]
 
@@ -62,7 +62,14 @@ def test_dpo_trains_resumes_exactly_at_another_world_size_and_precomputes(ray_lo
     store = tmp_path / "runs"
     data = write_rows(tmp_path / "prefs" / "pairs.jsonl", preference_rows(), bad=["{broken", json.dumps({"prompt": "x"})])
     cfg_a = load_config(None, dpo_overrides(store, "a", hf_base, data), job="dpo")
-    res = run_dpo(cfg_a, progress=False)
+    # Run b's first part (stopped at 3 on 2 workers) trains beside run a: through jobs/dpo.py in a
+    # process of its own with a private Ray instance.
+    b_log = tmp_path / "b-first.log"
+    b_first = start_job("dpo.py", dpo_overrides(store, "b", hf_base, data, **{"train.until_step": 3}), b_log)
+    try:
+        res = run_dpo(cfg_a, progress=False)
+    finally:
+        finish_job(b_first, b_log)
     ma = read_jsonl(store / "a" / "metrics.jsonl")
     assert [r["step"] for r in ma] == list(range(1, 7)) and res.checkpoint.endswith("step_00000006")
     assert ma[0]["loss"] == pytest.approx(np.log(2), abs=1e-5)  # the policy starts as the reference
@@ -72,10 +79,16 @@ def test_dpo_trains_resumes_exactly_at_another_world_size_and_precomputes(ray_lo
     assert [r["step"] for r in evals] == [3, 6] and evals[0]["heldout_pairs"] == 5  # 20% of the 24 good rows
     assert {"rewards_chosen", "rewards_rejected", "reward_accuracy", "logps_chosen", "reference_s"} <= set(ma[-1])
 
-    # Stop at 3 on 2 workers, resume on 1: the same pairs per step, the same losses.
-    run_dpo(load_config(None, dpo_overrides(store, "b", hf_base, data, **{"train.until_step": 3}), job="dpo"), progress=False)
-    run_dpo(load_config(None, dpo_overrides(store, "b", hf_base, data, **{"scaling.min_workers": 1, "scaling.max_workers": 1}),
-                        job="dpo"), progress=False)
+    # Stopped at 3 on 2 workers (above), resumed on 1: the same pairs per step, the same losses.
+    # Beside the resume, run c's first part (below) trains in a process of its own.
+    o = dpo_overrides(store, "c", hf_base, data, **{"dpo.reference": "precomputed", "train.until_step": 3})
+    c_log = tmp_path / "c-first.log"
+    c_first = start_job("dpo.py", o, c_log)
+    try:
+        run_dpo(load_config(None, dpo_overrides(store, "b", hf_base, data, **{"scaling.min_workers": 1, "scaling.max_workers": 1}),
+                            job="dpo"), progress=False)
+    finally:
+        finish_job(c_first, c_log)
     mb = read_jsonl(store / "b" / "metrics.jsonl")
     assert [r["step"] for r in mb] == list(range(1, 7)) and [r["world_size"] for r in mb] == [2, 2, 2, 1, 1, 1]
     np.testing.assert_allclose([r["loss"] for r in mb], [r["loss"] for r in ma], rtol=1e-5)
@@ -84,9 +97,7 @@ def test_dpo_trains_resumes_exactly_at_another_world_size_and_precomputes(ray_lo
     assert ledger_by_step(store / "a" / "ledger.jsonl") == ledger_by_step(store / "b" / "ledger.jsonl")
 
     # Reference log-probs precomputed with Ray Data: the same training; the table is stored and reused.
-    # (the same 6-step schedule as run a, stopped after step 3)
-    o = dpo_overrides(store, "c", hf_base, data, **{"dpo.reference": "precomputed", "train.until_step": 3})
-    run_dpo(load_config(None, o, job="dpo"), progress=False)
+    # (the same 6-step schedule as run a, stopped after step 3: run c's first part, above)
     mc = read_jsonl(store / "c" / "metrics.jsonl")
     np.testing.assert_allclose([r["loss"] for r in mc], [r["loss"] for r in ma[:3]], rtol=1e-5)
     np.testing.assert_allclose(mc[-1]["heldout_loss"], evals[0]["heldout_loss"], rtol=1e-5)

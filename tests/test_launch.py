@@ -204,68 +204,24 @@ def test_ray_start_cluster_is_joined_and_a_too_small_one_is_reported_in_one_line
         cluster.stop()
 
 
-def test_second_launch_of_a_live_run_refuses_and_the_first_finishes(tmp_path):
-    corpus = make_text_corpus(tmp_path / "corpus")
-    ov = small_run_overrides(tmp_path / "runs", "twice", corpus, 6)
-    lease = tmp_path / "runs" / "twice" / "lease.json"
-    log = tmp_path / "first.log"
-    first = _start(ov, _env(), log)
-    try:
-        _wait(lease.exists, "the first run's lease", first, log)
-        t0 = time.time()
-        second = _run(ov, _env(), timeout=120)
-        took = time.time() - t0
-        assert first.poll() is None
-        assert first.wait(timeout=600) == 0, log.read_text()[-4000:]
-    finally:
-        if first.poll() is None:
-            _kill_tree(first)
-    assert second.returncode == 3, second.stdout + second.stderr
-    out = [ln for ln in (second.stdout + second.stderr).splitlines() if ln.strip()]
-    assert len(out) == 1, out  # the refusal alone: no cluster line, no worker ever started
-    assert out[0].startswith(f"run error: run directory {tmp_path / 'runs' / 'twice'} is in use by a live run: pid {first.pid} on host ")
-    assert took < 60
-    steps = [r["step"] for r in read_jsonl(tmp_path / "runs" / "twice" / "metrics.jsonl")]
-    assert steps == list(range(1, 7))  # only the first run trained
-    assert not lease.exists()
+def test_stops_by_sigterm_ctrl_c_and_sigkill_each_resume_and_a_second_launch_of_the_live_run_refuses(tmp_path):
+    """One run, launched four times (one set of launches instead of three tests' six):
 
-
-def test_relaunch_after_sigkill_takes_over_the_stale_lease_and_resumes(tmp_path):
-    corpus = make_text_corpus(tmp_path / "corpus")
-    run = tmp_path / "runs" / "killed"
-    ov = small_run_overrides(tmp_path / "runs", "killed", corpus, 6)
-    log = tmp_path / "first.log"
-    # Rank 1 stalls inside checkpoint 4, so the run is reliably alive after checkpoint 2.
-    first = _start(ov, _env({"ELASTIC_FAULT_CKPT_DELAY": "rank=1,step=4,seconds=300"}), log)
-    try:
-        _wait(lambda: _registered(run) == "step_00000002", "checkpoint 2 registered by Ray Train", first, log)
-    finally:
-        _kill_tree(first)
-    assert (run / "lease.json").exists()  # SIGKILL: nobody released it
-
-    r = _run(ov, _env())
-    console = r.stdout + r.stderr
-    assert r.returncode == 0, console[-4000:]
-    assert f"[elastic] lease: took over a stale lease (pid {first.pid} on " in console
-    assert f"[elastic] run directory: {run} (existing run, latest checkpoint step_00000002)" in console
-    assert "[elastic] workers: 2 started, resuming at step 2 " in console
-    starts = [e["step"] for e in read_jsonl(run / "events.jsonl") if e["event"] == "start"]
-    assert starts == [0, 2]
-    assert latest_complete(str(run))[0].endswith("step_00000006")
-    assert not (run / "lease.json").exists()
-
-
-def test_sigterm_and_ctrl_c_stop_in_one_line_and_the_relaunch_resumes(tmp_path):
-    """A scheduler's SIGTERM (to the driver alone, as `timeout` or `ray job stop` send it) and a
-    terminal's Ctrl-C (SIGINT to the whole process group): each ends the job with one line naming
-    the checkpoint a relaunch resumes from and the command, exit code 143 / 130, the run's lease
-    released, and none of Ray's signal-handler output; the relaunches resume there and finish
-    with every sample trained on exactly once."""
+    - a scheduler's SIGTERM (to the driver alone, as `timeout` or `ray job stop` send it) and a
+      terminal's Ctrl-C (SIGINT to the whole process group): each ends the job with one line naming
+      the checkpoint a relaunch resumes from and the command, exit code 143 / 130, the run's lease
+      released, and none of Ray's signal-handler output; each relaunch resumes there;
+    - a SIGKILL (the whole process tree) leaves the lease behind; the relaunch takes over the
+      stale lease and resumes from the last registered checkpoint;
+    - while that relaunch is live, a second launch of the same run refuses in one line before any
+      worker starts, and the live one finishes: every sample trained on exactly once, no start
+      but the four launches', the lease released."""
     from elastic.launch import ledger
 
     corpus = make_text_corpus(tmp_path / "corpus")
     run = tmp_path / "runs" / "stopped"
-    ov = small_run_overrides(tmp_path / "runs", "stopped", corpus, 8)
+    lease = run / "lease.json"
+    ov = small_run_overrides(tmp_path / "runs", "stopped", corpus, 10)
     for sig, stall_at, resume_at, code in ((signal.SIGTERM, 4, 2, 143), (signal.SIGINT, 6, 4, 130)):
         log = tmp_path / f"{sig.name}.log"
         # Rank 1 stalls inside a checkpoint, so the job is alive right after the one before it.
@@ -288,10 +244,43 @@ def test_sigterm_and_ctrl_c_stop_in_one_line_and_the_relaunch_resumes(tmp_path):
                  or not ln.startswith("[elastic]")]
         assert not noisy, "\n".join(noisy)
         assert sum("stopped by" in ln for ln in lines) == 1
-        assert not (run / "lease.json").exists()  # released on the way out
-    r = _run(ov, _env())
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+        assert not lease.exists()  # released on the way out
+
+    # SIGKILL: rank 1 stalls inside checkpoint 8, so the run is reliably alive after checkpoint 6.
+    log = tmp_path / "SIGKILL.log"
+    killed = _start(ov, _env({"ELASTIC_FAULT_CKPT_DELAY": "rank=1,step=8,seconds=300"}), log)
+    try:
+        _wait(lambda: _registered(run) == "step_00000006", "checkpoint 6 registered by Ray Train", killed, log)
+    finally:
+        _kill_tree(killed)
+    assert lease.exists()  # SIGKILL: nobody released it
+
+    # The relaunch takes the stale lease over; a second launch while it is live refuses.
+    log = tmp_path / "relaunch.log"
+    first = _start(ov, _env(), log)
+    try:
+        _wait(lambda: lease.exists() and f'"pid": {first.pid},' in lease.read_text(), "the relaunch's lease", first, log)
+        t0 = time.time()
+        second = _run(ov, _env(), timeout=120)
+        took = time.time() - t0
+        assert first.poll() is None
+        assert first.wait(timeout=600) == 0, log.read_text()[-4000:]
+    finally:
+        if first.poll() is None:
+            _kill_tree(first)
+    assert second.returncode == 3, second.stdout + second.stderr
+    out = [ln for ln in (second.stdout + second.stderr).splitlines() if ln.strip()]
+    assert len(out) == 1, out  # the refusal alone: no cluster line, no worker ever started
+    assert out[0].startswith(f"run error: run directory {run} is in use by a live run: pid {first.pid} on host ")
+    assert took < 60
+
+    console = log.read_text()
+    assert f"[elastic] lease: took over a stale lease (pid {killed.pid} on " in console
+    assert f"[elastic] run directory: {run} (existing run, latest checkpoint step_00000006)" in console
+    assert "[elastic] workers: 2 started, resuming at step 6 " in console
     starts = [e["step"] for e in read_jsonl(run / "events.jsonl") if e["event"] == "start"]
-    assert starts == [0, 2, 4]
-    chk = ledger.check(str(run / "ledger.jsonl"), 8, 8)
-    assert chk["ok"], chk
+    assert starts == [0, 2, 4, 6]  # the refused launch never started a worker
+    assert latest_complete(str(run))[0].endswith("step_00000010")
+    chk = ledger.check(str(run / "ledger.jsonl"), 8, 10)
+    assert chk["ok"], chk  # only the live run trained: every sample exactly once
+    assert not lease.exists()

@@ -15,7 +15,7 @@ from elastic.data.cursor import split_sample_id
 from elastic.data.mixture import MixCursor, cumulative_counts, exact_weights, step_counts
 from elastic.launch.data_plans import plan_job_data
 from elastic.launch.pretrain import run_pretraining
-from tests.helpers import ledger_by_step, make_text_corpus, read_jsonl, small_run_overrides
+from tests.helpers import finish_job, ledger_by_step, make_text_corpus, read_jsonl, small_run_overrides, start_job
 
 
 def test_exact_weights_are_the_decimal_fractions():
@@ -71,8 +71,14 @@ def test_mixture_run_resumes_exactly_at_another_world_size(ray_local, tmp_path):
     owner = {s.shard_id: k for k, p in enumerate(plans.plans) for s in p.shards}
     assert len(owner) == sum(p.num_shards for p in plans.plans)  # no id shared by two sources
 
-    run_pretraining(load_config(None, _mixture_overrides(store, "a", corpora)), progress=False)
-    run_pretraining(load_config(None, _mixture_overrides(store, "b", corpora, **{"train.until_step": STOP})), progress=False)
+    # Run b's first part (stopped at STOP, 2 workers) goes beside the uninterrupted run a: through
+    # jobs/pretrain.py in a process of its own with a private Ray instance.
+    b_log = tmp_path / "b-first.log"
+    b_first = start_job("pretrain.py", _mixture_overrides(store, "b", corpora, **{"train.until_step": STOP}), b_log)
+    try:
+        run_pretraining(load_config(None, _mixture_overrides(store, "a", corpora)), progress=False)
+    finally:
+        finish_job(b_first, b_log)
     b = run_pretraining(load_config(None, _mixture_overrides(store, "b", corpora, **{
         "scaling.min_workers": 1, "scaling.max_workers": 1})), progress=False)  # resumed on one worker
     assert b.summary["last_step"] == STEPS

@@ -1,7 +1,8 @@
 """A user's ray.data.Dataset trains through the Python API and resumes exactly.
 
 Run "a" trains uninterrupted on the Dataset. Run "b" trains on the same Dataset in a separate
-driver process that is SIGKILLed once its step-3 checkpoint exists; relaunched in this process
+driver process (with a private Ray instance, so it trains beside run a) that is SIGKILLed, its
+instance with it, once its step-3 checkpoint exists; relaunched in this process
 with the Dataset built in a *different* row order (what an unordered or non-deterministic
 pipeline could give on a second execution), it must still finish with exactly run a's samples,
 steps and losses: the first launch froze the Dataset's order in `<run>/source`.
@@ -13,9 +14,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
+import psutil
 import pytest
 
 from elastic.config import load_config
@@ -24,7 +27,7 @@ from elastic.data.ray_dataset import snapshot_dataset
 from elastic.launch.pretrain import run_pretraining
 from tests.helpers import WORDS, ledger_by_step, read_jsonl, small_run_overrides
 
-STEPS, KILL_AFTER = 12, 3
+STEPS, KILL_AFTER = 8, 3  # 8: enough steps after the kill at 3 for the resume to matter
 
 
 def _rows(n=120, seed=0):
@@ -42,11 +45,11 @@ def _overrides(store, name, **extra):
 DRIVER = r"""
 import sys, ray
 sys.path.insert(0, sys.argv[1])
-ray.init(address=sys.argv[2], log_to_driver=False)
+ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)  # a private instance
 from tests.test_ray_dataset_source import _rows, _overrides
 from elastic.config import load_config
 from elastic.launch.pretrain import run_pretraining
-run_pretraining(load_config(None, _overrides(sys.argv[3], "b")), dataset=ray.data.from_items(_rows()), progress=False)
+run_pretraining(load_config(None, _overrides(sys.argv[2], "b")), dataset=ray.data.from_items(_rows()), progress=False)
 """
 
 
@@ -54,21 +57,42 @@ def test_user_dataset_trains_and_resumes_exactly_after_a_kill(ray_local, tmp_pat
     import ray
 
     store = tmp_path / "runs"
-    a = run_pretraining(load_config(None, _overrides(store, "a")), dataset=ray.data.from_items(_rows()), progress=False)
-    assert a.summary["last_step"] == STEPS
-
+    # Run b's first driver (its own process and private Ray instance) trains beside run a, and is
+    # SIGKILLed, with its instance, once its step-3 checkpoint exists.
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    addr = ray.get_runtime_context().gcs_address
-    p = subprocess.Popen([sys.executable, "-c", DRIVER, repo, addr, str(store)], start_new_session=True,
+    p = subprocess.Popen([sys.executable, "-c", DRIVER, repo, str(store)], start_new_session=True,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     ck = store / "b" / f"step_{KILL_AFTER:08d}" / "train_state.json"
-    deadline = time.time() + 240
-    while time.time() < deadline and not ck.exists() and p.poll() is None:
-        time.sleep(0.2)
-    assert p.poll() is None, "the driver of run b ended before it could be killed"
-    os.killpg(p.pid, signal.SIGKILL)
-    p.wait()
-    time.sleep(3)  # the killed job's actors (controller, workers) are reaped by Ray
+    alive_at_kill = []
+
+    def kill_at_checkpoint():
+        deadline = time.time() + 240
+        while time.time() < deadline and not ck.exists() and p.poll() is None:
+            time.sleep(0.2)
+        alive_at_kill.append(p.poll() is None)
+        try:
+            tree = [p.pid] + [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            tree = []
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.wait()
+
+    killer = threading.Thread(target=kill_at_checkpoint, daemon=True)
+    killer.start()
+    try:
+        a = run_pretraining(load_config(None, _overrides(store, "a")), dataset=ray.data.from_items(_rows()), progress=False)
+    finally:
+        killer.join(timeout=300)
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert a.summary["last_step"] == STEPS
+    assert alive_at_kill == [True], "the driver of run b ended before it could be killed"
+    assert ck.exists()
 
     shuffled = ray.data.from_items(list(reversed(_rows())))  # a different order on purpose
     b = run_pretraining(load_config(None, _overrides(store, "b")), dataset=shuffled, progress=False)
