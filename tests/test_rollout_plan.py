@@ -12,7 +12,7 @@ from elastic.config import ConfigError, load_config
 from elastic.rl.algorithms.aggregation import StepCounts
 from elastic.rl.algorithms.loss import grpo_loss
 from elastic.rl.algorithms.off_policy import truncated_is_weights
-from elastic.rl.rollout.plan import admissible, behaviour_version, staleness, sync_due, units
+from elastic.rl.rollout.plan import admissible, behaviour_version, generating_version, staleness, sync_due, units
 from elastic.rl.rollout.weights import load_into, pack, trainable_tensors, unpack
 
 
@@ -31,6 +31,16 @@ def test_behaviour_version_by_hand():
             assert admissible(s, v, k) and v % n == 0 and sync_due(v, n), (k, n, s, v)
             assert 0 <= staleness(s, v) <= k
     assert not admissible(5, 3, 1) and not admissible(3, 4, 2)  # too old; from the future
+
+
+def test_a_group_started_without_the_buffer_never_asks_for_a_version_before_its_start():
+    # Resumed at step 5 from a checkpoint without generated steps (e.g. a colocated one) at k = 2:
+    # steps 5 and 6 would want versions 3 and 4, which no longer exist: they use version 5.
+    assert [generating_version(s, 2, 1, floor=5) for s in range(5, 9)] == [5, 5, 5, 6]
+    # sync every 2 from step 5: version 5 (published at the start), then 6, 8, ...
+    assert [generating_version(s, 2, 2, floor=5) for s in range(5, 11)] == [5, 5, 6, 6, 8, 8]
+    for s in range(5, 30):
+        assert admissible(s, generating_version(s, 3, 2, floor=5), 3)
 
 
 def test_units_keep_a_rank_batch_whole_unless_the_fleet_is_larger():

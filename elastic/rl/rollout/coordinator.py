@@ -34,7 +34,7 @@ from typing import Any, Deque, Dict, List, Optional, Tuple
 import ray
 
 from elastic.records import append_record
-from elastic.rl.rollout.plan import behaviour_version, units
+from elastic.rl.rollout.plan import behaviour_version, generating_version, units
 from elastic.rl.rollout.steps import StepPlanner
 
 
@@ -66,6 +66,7 @@ class RolloutCoordinator:
         self.world: Optional[int] = None
         self.parts: List[List[int]] = []
         self.trainer_step = 0
+        self.floor = 0
         self.versions: Dict[int, Tuple[Any, List[Any]]] = {}
         self.step_units: Dict[int, List[List[int]]] = {}
         self.results: Dict[int, Dict[int, Dict[str, Any]]] = {}
@@ -163,6 +164,7 @@ class RolloutCoordinator:
         self.world = world
         self.parts = self.planner.rank_parts(world)
         self.trainer_step = step
+        self.floor = step  # the oldest version this timeline can publish (see _version)
         self.versions.clear()
         self.step_units.clear()
         self.results.clear()
@@ -176,7 +178,7 @@ class RolloutCoordinator:
         """Version `version` (the weights at the start of that step): entries and bucket refs."""
         self.versions[version] = weights
         self.trainer_step = max(self.trainer_step, version)
-        low = behaviour_version(self.trainer_step, self.k, self.sync_every)
+        low = self._version(self.trainer_step)
         for v in [v for v in self.versions if v < low]:
             del self.versions[v]
         await self._pump()
@@ -204,7 +206,7 @@ class RolloutCoordinator:
         """The generated steps a checkpoint at `from_step` must carry: those at or after it whose
         version is older than it (they cannot be generated again after a resume). Waits for them."""
         need = [t for t in range(from_step, min(self.steps_total, from_step + self.k + 1))
-                if behaviour_version(t, self.k, self.sync_every) < from_step]
+                if self._version(t) < from_step]
         out: Dict[str, List[Dict[str, Any]]] = {}
         await self._pump()
         async with self.changed:
@@ -215,6 +217,13 @@ class RolloutCoordinator:
                 rows = self._rows(t)
                 out[str(t)] = [rows[k] for k in sorted(rows)]
         return out
+
+    def _version(self, t: int) -> int:
+        """The version that generates step t (`plan.generating_version`; a step the checkpoint
+        carries keeps the schedule's)."""
+        if t in self.buffered:
+            return behaviour_version(t, self.k, self.sync_every)
+        return generating_version(t, self.k, self.sync_every, self.floor)
 
     def _raise(self) -> None:
         if self.fatal:
@@ -250,7 +259,7 @@ class RolloutCoordinator:
         for t in range(self.trainer_step, hi):
             if t in self.buffered or t in self.step_units:
                 continue
-            v = behaviour_version(t, self.k, self.sync_every)
+            v = self._version(t)
             if v not in self.versions:
                 break
             self.step_units[t] = units(self.parts, max(1, self.target))
@@ -268,7 +277,7 @@ class RolloutCoordinator:
 
     async def _run(self, wid: int, t: int, u: int, epoch: int) -> None:
         ks = self.step_units[t][u]
-        v = behaviour_version(t, self.k, self.sync_every)
+        v = self._version(t)
         actor = self.workers[wid]
         res = None
         try:

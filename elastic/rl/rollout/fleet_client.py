@@ -32,9 +32,11 @@ class FleetClient:
         self.rank, self.world = rank, world
         self.sync_every = sync_every
         self.bucket_bytes = bucket_mb << 20
+        self.start_step = 0
 
     def reset(self, step: int, buffer: Optional[Dict[str, List[Dict[str, Any]]]], comm) -> None:
         """Rank 0 tells the coordinator where the group starts; every rank waits for it."""
+        self.start_step = step
         if self.rank == 0:
             ray.get(self.actor.reset.remote(step, self.world, buffer or {}))
         comm.broadcast_object(None, src=0)  # a barrier: nobody asks for rows before the reset
@@ -44,7 +46,7 @@ class FleetClient:
         from elastic.rl.rollout.weights import pack, trainable_tensors
         from elastic.train.fsdp_generate import gathered_parameters
 
-        if not sync_due(step, self.sync_every):
+        if not sync_due(step, self.sync_every) and step != self.start_step:  # (a restart always publishes)
             return {}
         t0 = time.perf_counter()
         with gathered_parameters(model):

@@ -32,6 +32,15 @@ def behaviour_version(step: int, max_staleness: int, sync_every: int = 1) -> int
     return -(-lo // sync_every) * sync_every
 
 
+def generating_version(step: int, max_staleness: int, sync_every: int, floor: int) -> int:
+    """The version that generates `step` in a trainer group that started at step `floor` without
+    that step's completions in its checkpoint: the schedule's, but never older than `floor` (older
+    versions no longer exist: a run resumed in this placement from a colocated checkpoint, or with
+    a larger max_staleness). The trainers publish version `floor` when they start, so it exists;
+    the first steps after such a start are then less stale than the bound, never more."""
+    return max(behaviour_version(step, max_staleness, sync_every), floor)
+
+
 def staleness(step: int, version: int) -> int:
     """How many optimizer steps the behaviour policy is behind the trained one."""
     return step - version
