@@ -475,8 +475,6 @@ class RLSection:
     kl_ctl: str = "fixed"
     kl_target: float = 6.0
     kl_horizon: int = 10000
-    # Where rollouts are generated: colocated (the trainers) or disaggregated (a fleet of actors).
-    rollout: RolloutSection = field(default_factory=RolloutSection)
     # Disaggregated only: step s trains on completions of policy version s - max_staleness
     # (0 = on-policy: the same completions and values as colocated; 1 = generation of step s+1
     # overlaps training of step s).
@@ -486,6 +484,8 @@ class RLSection:
     # as verl and AReaL do); none trains on them as they are. On-policy completions get none.
     is_correction: str = "tis"
     is_cap: float = 2.0
+    # Where rollouts are generated: colocated (the trainers) or disaggregated (a fleet of actors).
+    rollout: RolloutSection = field(default_factory=RolloutSection)
 
 
 @dataclass
