@@ -69,6 +69,10 @@ def install() -> None:
     _wanted[0] = True
     for s in SIGNALS:
         signal.signal(s, _handler)
+    import faulthandler
+
+    if not faulthandler.is_enabled():  # a crash in native code (Ray's core worker) leaves the Python stacks
+        faulthandler.enable(all_threads=True)
 
 
 def reinstall() -> None:
