@@ -80,6 +80,14 @@ JOB_WORK_ENV = {"RAY_worker_niceness": "0"}
 TRAIN_WORKER_ENV = {**JOB_WORK_ENV, "OMP_NUM_THREADS": "1"}  # OMP_NUM_THREADS: see worker_env
 
 
+def abort_running() -> None:
+    """Abort the Ray Train controller of this driver's `fit`, if one runs (a stop, before
+    `ray.shutdown`: stop.disconnect). The trainer module is never imported just for this."""
+    mod = sys.modules.get("elastic.launch.runtime.lean_train")
+    if mod is not None:
+        mod.abort_running()
+
+
 def private_cpus(cfg: Config) -> int:
     """Logical CPUs of a private instance: every worker plus the store builder's packers (one
     pipeline per training source and one for the held-out plan) plus a disaggregated RL run's
@@ -444,14 +452,14 @@ def _run_followed(cfg: Config, launch: JobLaunch, paths: RunPaths, choice, say, 
                 if progress:
                     follow.stop()
                 if stopped_by() is not None:
-                    disconnect()
+                    disconnect(abort_running)
                 # also for a run that failed (it says where), or was stopped (then quietly: the stop is the one line)
                 report = write_run_report(paths, say if stopped_by() is None else (lambda line: None), job_s)
         finally:
             if stopped_by() is None:
                 launch.stop()
             else:  # stopped: the job's actors end with the driver's connection (stop.disconnect)
-                disconnect()
+                disconnect(abort_running)
         ckpt = result.checkpoint.path if result.checkpoint is not None else None
         if result.error is not None:
             raise result.error

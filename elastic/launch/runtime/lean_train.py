@@ -28,6 +28,45 @@ try:  # the fixed policy and its coordinator calls (Ray 2.5x/2.60)
 except ImportError:  # another Ray: its own policy stays
     FixedScalingPolicy = None
 
+# The running controller, so a stopped driver can abort it before `ray.shutdown` (stop.py's
+# `disconnect`): `fit` runs in a helper thread (stop.call_interruptibly) blocked in a Ray call
+# on the controller, and shutting Ray down under that thread can crash the driver (a Ctrl-C
+# once ended it with SIGSEGV). Ray Train's own SIGINT handler, installed only when `fit` runs
+# in the main thread, aborts the controller the same way.
+RUNNING: list = []
+
+try:  # Ray 2.5x/2.60's controller start, with the handle kept (TorchTrainer._initialize_and_run_controller)
+    import ray
+    from ray._common.constants import RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR
+    from ray.train.v2._internal.execution.controller import TrainController
+    from ray.train.v2.api.data_parallel_trainer import (DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE,
+                                                        get_env_vars_to_propagate)
+
+    def _run_controller(**kwargs):
+        env_vars = get_env_vars_to_propagate()
+        env_vars.setdefault(RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR, DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE)
+        cls = ray.remote(num_cpus=0, label_selector={ray._raylet.RAY_NODE_ID_KEY: ray.get_runtime_context().get_node_id()},
+                         runtime_env={"env_vars": env_vars})(TrainController)
+        controller = cls.remote(**kwargs)
+        RUNNING[:] = [controller]
+        try:
+            ray.get(controller.run.remote())
+            return ray.get(controller.get_result.remote())
+        finally:
+            RUNNING.clear()
+except ImportError:
+    _run_controller = None
+
+
+def abort_running(timeout_s: float = 15.0) -> None:
+    """Abort the running controller, if any (its workers stop), so `fit` returns; never raises."""
+    for controller in list(RUNNING):
+        try:
+            ray.get(controller.abort.remote(), timeout=timeout_s)
+        except Exception:  # noqa: BLE001 - gone already, or slow: shutdown follows either way
+            pass
+
+
 UNUSED_CALLBACKS = ("DatasetsCallback",)
 UNUSED_PRIVATE_CALLBACKS = ("PlacementGroupCleanerCallback",)
 
@@ -67,7 +106,9 @@ class LeanTorchTrainer(TorchTrainer):
         policy = kwargs.get("scaling_policy")
         if self.private and LocalFixedScalingPolicy is not None and type(policy) is FixedScalingPolicy:
             kwargs["scaling_policy"] = LocalFixedScalingPolicy(policy.scaling_config)
-        return super()._initialize_and_run_controller(**kwargs)
+        if _run_controller is None:  # another Ray: its own method (no abort on a stop)
+            return super()._initialize_and_run_controller(**kwargs)
+        return _run_controller(**kwargs)
 
 
 class PrivateTorchTrainer(LeanTorchTrainer):

@@ -29,6 +29,7 @@ from typing import Callable, Optional, TypeVar
 T = TypeVar("T")
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+FIT_THREAD = "elastic-fit"  # the helper thread of call_interruptibly
 
 
 class JobStopped(KeyboardInterrupt):
@@ -69,10 +70,17 @@ def install() -> None:
     _wanted[0] = True
     for s in SIGNALS:
         signal.signal(s, _handler)
+    _fault_stacks()
+
+
+def _fault_stacks() -> None:
+    """A crash in native code leaves every thread's Python stack on stderr. While Ray is
+    connected its core worker's own SIGSEGV handler prints a native trace instead; `disconnect`
+    calls this again after `ray.shutdown`, which leaves no handler behind (a crash there, e.g. a
+    thread still inside a Ray call, would otherwise end the driver with a bare -11)."""
     import faulthandler
 
-    if not faulthandler.is_enabled():  # a crash in native code (Ray's core worker) leaves the Python stacks
-        faulthandler.enable(all_threads=True)
+    faulthandler.enable(all_threads=True)
 
 
 def reinstall() -> None:
@@ -109,7 +117,7 @@ def call_interruptibly(fn: Callable[[], T]) -> T:
         except BaseException as e:  # handed to the caller
             box["error"] = e
 
-    t = threading.Thread(target=target, name="elastic-fit", daemon=True)
+    t = threading.Thread(target=target, name=FIT_THREAD, daemon=True)
     t.start()
     while t.is_alive():
         t.join(0.2)
@@ -118,18 +126,30 @@ def call_interruptibly(fn: Callable[[], T]) -> T:
     return box["result"]
 
 
-def disconnect() -> None:
+def disconnect(abort: Optional[Callable[[], None]] = None, join_s: float = 15.0) -> None:
     """End this driver's part in Ray now that the job is stopped: every actor it owns (the Ray
     Train controller and workers, the store builder, the reward pool and services; none is
     detached) ends with its connection, and a private instance stops. Doing this before the
     job's own cleanup keeps workers from calling actors that cleanup has just killed (Ray would
-    print each retried call on the console). Never raises."""
+    print each retried call on the console). `abort` (the driver passes Ray Train's controller
+    abort) runs first and the `fit` thread is given `join_s` to return: `ray.shutdown` under a
+    thread still inside a Ray call can crash the process. Never raises."""
+    if abort is not None:  # first let the thread running `fit` leave Ray (see lean_train.RUNNING)
+        try:
+            abort()
+        except Exception:
+            pass
+        for t in threading.enumerate():
+            if t.name == FIT_THREAD and t.is_alive():
+                t.join(join_s)
     try:
         import ray
 
         ray.shutdown()
     except Exception:
         pass
+    if _wanted[0]:
+        _fault_stacks()
 
 
 def relaunch_command(argv: Optional[list] = None) -> str:
