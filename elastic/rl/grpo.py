@@ -50,7 +50,7 @@ from elastic.rl.algorithms.logprobs import token_entropy, token_logprobs
 from elastic.rl.algorithms.loss import grpo_loss
 from elastic.rl.algorithms.overlong import overlong_penalty
 from elastic.eval.pass_at_k import mean_pass_at_k
-from elastic.rl.prompts import PromptStream, completion_id, flat, group_of, rank_completions
+from elastic.rl.prompts import completion_id, flat, group_of, rank_completions
 from elastic.rl.seeds import derive_seed
 from elastic.train.job import Job, Update, WorkerContext
 from elastic.train.step import LossFn, LossOutput, Micro, StepOutput, batch_attention, to_device
@@ -196,7 +196,6 @@ class GRPOJob(Job):
         # Prompts come from the driver (workers need no access to the problem directory).
         self.prompt_texts: Dict[str, str] = ctx.config["prompt_texts"]
         self.heldout = list(ctx.config["heldout_ids"])
-        self.stream = PromptStream(tuple(ctx.config["train_ids"]), cfg.run.seed)
         self.tok = from_json(ctx.config["tokenizer_json"])
         self.chat: ChatFormat = ctx.config["chat_format"]
         self.eos_id: int = ctx.config["eos_id"]
@@ -204,6 +203,7 @@ class GRPOJob(Job):
 
         self.planner = StepPlanner(cfg, self.prompt_texts, ctx.config["train_ids"], ctx.config["tokenizer_json"],
                                    self.chat, self.eos_id)
+        self.stream = self.planner.stream  # the global prompt cursor (one, shared with the rows it plans)
         self._initial_eval: Dict[str, Any] = {}
         self.reward = connect(ctx.config["reward_service"])
         # reward.kind's `model` term: its weight times the reward model's score is added to
