@@ -4,6 +4,10 @@
   python bench/gpu_check.py --parts jobs    # some parts only (tests,jobs,throughput,generation,memory)
   python bench/gpu_check.py --smoke         # the same parts at toy sizes on CPU (CI runs this): the
                                             # jobs on one shared Ray instance, two at a time
+  python bench/gpu_check.py --job-steps 16 --gen-presets 125m --logs /tmp/gc-logs
+                                            # sized to a short GPU lease: each job 16 steps with a
+                                            # save at 8 and 16, generation at 125m only; every
+                                            # job's console kept in /tmp/gc-logs
 
 Parts, each timed, each failure recorded without ending the check:
   tests       the GPU-marked tests (`pytest -m gpu`)
@@ -96,7 +100,21 @@ def _latest_checkpoint(run_dir: str) -> Optional[str]:
     return found[0] if found else None
 
 
-def run_job(name: str, script: str, storage: str, overrides: List[str], timeout: float) -> Dict[str, Any]:
+def lease_overrides(name: str, steps: int) -> List[str]:
+    """A job cut to `steps` steps that still saves twice (an asynchronous save mid-run, then the
+    final one) and, for the post-training jobs, evaluates once: the code paths of the full
+    default in a fraction of its time."""
+    half = max(1, steps // 2)
+    over = [f"train.steps={steps}", f"checkpoint.every_steps={half}", "train.warmup_steps=1"]
+    if name in ("pretrain", "sft", "dpo"):
+        over.append(f"eval.every_steps={half}")
+    if name == "grpo":
+        over.append(f"rl.eval_every={half}")
+    return over
+
+
+def run_job(name: str, script: str, storage: str, overrides: List[str], timeout: float,
+            logs: str = "") -> Dict[str, Any]:
     from bench.train_throughput import measure
     from elastic.records import EVENTS, METRICS, read_records
 
@@ -105,7 +123,14 @@ def run_job(name: str, script: str, storage: str, overrides: List[str], timeout:
             "wandb.mode=disabled"] + overrides
     cmd = [_py(), os.path.join(REPO, script)] + [x for o in over for x in ("--set", o)]
     t0 = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        r = subprocess.CompletedProcess(cmd, -9, _text(e.stdout), _text(e.stderr) + f"\ntimed out after {timeout:.0f} s")
+    if logs:
+        os.makedirs(logs, exist_ok=True)
+        with open(os.path.join(logs, f"{run_name}.log"), "w") as f:
+            f.write(" ".join(cmd) + "\n--- stdout\n" + r.stdout + "\n--- stderr\n" + r.stderr)
     run_dir = os.path.join(storage, run_name)
     out: Dict[str, Any] = {"returncode": r.returncode, "wall_s": round(time.time() - t0, 1), "run_dir": run_dir,
                            "stderr_tail": r.stderr.strip().splitlines()[-3:] if r.returncode else []}
@@ -125,25 +150,29 @@ def run_job(name: str, script: str, storage: str, overrides: List[str], timeout:
     return out
 
 
+def _text(b) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+
 def _mean(xs) -> Optional[float]:
     v = [x for x in xs if isinstance(x, (int, float))]
     return sum(v) / len(v) if v else None
 
 
-def part_jobs(smoke: bool, storage: str, timeout: float) -> Dict[str, Any]:
+def part_jobs(smoke: bool, storage: str, timeout: float, steps: int = 0, logs: str = "") -> Dict[str, Any]:
     """The jobs in turn; smoke: pretrain beside SFT, then DPO beside GRPO (1-worker jobs whose
     train worker runs one thread; CI has 2 cores)."""
     res: Dict[str, Any] = {}
     scripts = dict(JOBS)
 
     def one(name: str) -> Dict[str, Any]:
-        over = list(SMOKE_JOB_OVERRIDES[name]) if smoke else []
+        over = list(SMOKE_JOB_OVERRIDES[name]) if smoke else lease_overrides(name, steps) if steps else []
         if name in ("dpo", "grpo"):  # start from this check's SFT run, never a run of the machine's own
             sft = res.get("sft", {}).get("checkpoint")
             if not sft:
                 return {"error": "skipped: no SFT checkpoint to start from"}
             over.append(f"model.init_from={sft}")
-        return _timed(run_job, name, scripts[name], storage, over, timeout)
+        return _timed(run_job, name, scripts[name], storage, over, timeout, logs)
 
     if not smoke:
         for name in scripts:
@@ -213,10 +242,10 @@ def _cuda() -> bool:
 
 
 # ---------------------------------------------------------------- generation
-def part_generation(smoke: bool, out_dir: str) -> Dict[str, Any]:
+def part_generation(smoke: bool, out_dir: str, presets: str = "125m,1b", batch: str = "1,16,64") -> Dict[str, Any]:
     path = os.path.join(out_dir, "generate.json")
     cmd = [_py(), os.path.join(HERE, "generate_throughput.py"), "--out", path] + (
-        ["--smoke"] if smoke else ["--presets", "125m,1b", "--batch", "1,16,64", "--new-tokens", "64"])
+        ["--smoke"] if smoke else ["--presets", presets, "--batch", batch, "--new-tokens", "64"])
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=3600)
     out: Dict[str, Any] = {"returncode": r.returncode, "stdout_tail": r.stdout.strip().splitlines()[-30:]}
     if os.path.exists(path):
@@ -275,7 +304,7 @@ def markdown(res: Dict[str, Any]) -> str:
         lines += ["## GPU tests", "", f"`pytest -m gpu`: {t.get('summary') or t.get('error')}", ""]
     j = res.get("jobs")
     if j:
-        lines += ["## Jobs at 1 worker", "", "| job | exit | wall s | steps | steady tok/s | MFU | device | attention | bottleneck |",
+        lines += ["## Jobs at 1 worker", "", f"Steps per job: {res.get('job_steps')}", "", "| job | exit | wall s | steps | steady tok/s | MFU | device | attention | bottleneck |",
                   "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for name, r in j.items():
             if "returncode" not in r:
@@ -323,6 +352,11 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="toy sizes on CPU (CI)")
     ap.add_argument("--out", default="", help="JSON path (default bench/results/gpu-<device>-<date>.json); .md beside it")
     ap.add_argument("--job-timeout", type=float, default=1800)
+    ap.add_argument("--job-steps", type=int, default=0,
+                    help="cut every job to N steps, saving at N/2 and N (0: each job's own default)")
+    ap.add_argument("--logs", default="", help="folder for each job's full console (default: none kept)")
+    ap.add_argument("--gen-presets", default="125m,1b", help="generation: model presets")
+    ap.add_argument("--gen-batch", default="1,16,64", help="generation: batch sizes")
     # the throughput grid (GPU)
     ap.add_argument("--preset", default="1b")
     ap.add_argument("--seq-len", type=int, default=4096)
@@ -343,7 +377,8 @@ def main(argv=None) -> int:
     date = datetime.date.today().isoformat()
     slug = re.sub(r"[^A-Za-z0-9]+", "-", env.get("gpu", "cpu")).strip("-").lower()
     out = a.out or os.path.join(REPO, "bench", "results", f"gpu-{slug}-{date}.json")
-    res: Dict[str, Any] = {"date": date, "smoke": a.smoke, "environment": env, "parts": parts}
+    res: Dict[str, Any] = {"date": date, "smoke": a.smoke, "environment": env, "parts": parts,
+                           "job_steps": a.job_steps or "each job's default"}
     storage = tempfile.mkdtemp(prefix="elastic-gpucheck-")
     # Smoke: the parts that run on Ray share one instance (bench/smoke_cluster.py), started
     # before the first of them and stopped after the last; full runs start one per job.
@@ -357,11 +392,11 @@ def main(argv=None) -> int:
             if part == "tests":
                 res[part] = _timed(part_tests, a.smoke)
             elif part == "jobs":
-                res[part] = part_jobs(a.smoke, storage, a.job_timeout)
+                res[part] = part_jobs(a.smoke, storage, a.job_timeout, a.job_steps, a.logs)
             elif part == "throughput":
                 res[part] = _timed(part_throughput, a)
             elif part == "generation":
-                res[part] = _timed(part_generation, a.smoke, storage)
+                res[part] = _timed(part_generation, a.smoke, storage, a.gen_presets, a.gen_batch)
             elif part == "memory":
                 res[part] = _timed(part_memory, env.get("device_gib"))
             if ray_parts and part == ray_parts[-1]:

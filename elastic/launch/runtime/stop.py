@@ -19,6 +19,7 @@ job cleans up is noted and ignored, so cleanup is not cut short; a third ends th
 
 from __future__ import annotations
 
+import io
 import os
 import shlex
 import signal
@@ -80,7 +81,14 @@ def _fault_stacks() -> None:
     thread still inside a Ray call, would otherwise end the driver with a bare -11)."""
     import faulthandler
 
-    faulthandler.enable(all_threads=True)
+    # sys.stderr may be a stream without a descriptor (pytest's capture, a notebook): the process's
+    # own stderr then, and no handler where there is none at all.
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            faulthandler.enable(file=stream, all_threads=True)
+            return
+        except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+            continue
 
 
 def reinstall() -> None:
