@@ -126,13 +126,13 @@ def keep_tokenizer(tokenizer_json: str, run_dir: str) -> None:
 
 def check_data_curate(cfg: Config) -> None:
     """data.curate names per-document stages of elastic/data/curate (one line before any work)."""
+    stages = cfg.data.curate
+    if not stages:  # the curation stages' own libraries (phonenumbers, ftfy, py3langid) stay unloaded
+        return
     from elastic.config import ConfigError
     from elastic.data.curate.base import STAGES
     from elastic.data.curate.pipeline import check_curate_config
 
-    stages = cfg.data.curate
-    if not stages:
-        return
     dedup = [x for x in stages if x in ("exact_dedup", "near_dedup")]
     if dedup:
         raise ConfigError(f"data.curate: {dedup[0]} is global (it compares documents across the corpus): "
