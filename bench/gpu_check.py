@@ -126,6 +126,12 @@ def lease_overrides(name: str, steps: int) -> List[str]:
     return over
 
 
+def sandbox_overrides(name: str) -> List[str]:
+    """GRPO's code rewards refuse to run without bubblewrap; a GPU image without it (the lent
+    H200s have none) gets the weaker isolation, said in the result, rather than no GRPO run."""
+    return ["reward.allow_weak_isolation=true"] if name == "grpo" and not shutil.which("bwrap") else []
+
+
 def run_job(name: str, script: str, storage: str, overrides: List[str], timeout: float,
             logs: str = "") -> Dict[str, Any]:
     from bench.train_throughput import measure
@@ -145,7 +151,12 @@ def run_job(name: str, script: str, storage: str, overrides: List[str], timeout:
         with open(os.path.join(logs, f"{run_name}.log"), "w") as f:
             f.write(" ".join(cmd) + "\n--- stdout\n" + r.stdout + "\n--- stderr\n" + r.stderr)
     run_dir = os.path.join(storage, run_name)
+    if logs:  # the run's records outlive its directory, which the check deletes
+        for rec in (METRICS, EVENTS):
+            if os.path.exists(os.path.join(run_dir, rec)):
+                shutil.copyfile(os.path.join(run_dir, rec), os.path.join(logs, f"{run_name}.{rec}"))
     out: Dict[str, Any] = {"returncode": r.returncode, "wall_s": round(time.time() - t0, 1), "run_dir": run_dir,
+                           "overrides": overrides,
                            "stderr_tail": r.stderr.strip().splitlines()[-3:] if r.returncode else []}
     bottleneck = [ln for ln in r.stdout.splitlines() if ln.startswith("[elastic] bottleneck:")]
     out["bottleneck"] = bottleneck[-1] if bottleneck else None
@@ -172,7 +183,8 @@ def _mean(xs) -> Optional[float]:
     return sum(v) / len(v) if v else None
 
 
-def part_jobs(smoke: bool, storage: str, timeout: float, steps: int = 0, logs: str = "") -> Dict[str, Any]:
+def part_jobs(smoke: bool, storage: str, timeout: float, steps: int = 0, logs: str = "",
+              only: Optional[List[str]] = None) -> Dict[str, Any]:
     """The jobs in turn; smoke: pretrain beside SFT, then DPO beside GRPO (1-worker jobs whose
     train worker runs one thread; CI has 2 cores)."""
     res: Dict[str, Any] = {}
@@ -180,6 +192,7 @@ def part_jobs(smoke: bool, storage: str, timeout: float, steps: int = 0, logs: s
 
     def one(name: str) -> Dict[str, Any]:
         over = list(SMOKE_JOB_OVERRIDES[name]) if smoke else lease_overrides(name, steps) if steps else []
+        over += sandbox_overrides(name)
         if name in ("dpo", "grpo"):  # start from this check's SFT run, never a run of the machine's own
             sft = res.get("sft", {}).get("checkpoint")
             if not sft:
@@ -189,7 +202,8 @@ def part_jobs(smoke: bool, storage: str, timeout: float, steps: int = 0, logs: s
 
     if not smoke:
         for name in scripts:
-            res[name] = one(name)
+            if not only or name in only:
+                res[name] = one(name)
         return res
     with concurrent.futures.ThreadPoolExecutor(1) as side:
         pretrain = side.submit(one, "pretrain")
@@ -367,6 +381,7 @@ def main(argv=None) -> int:
     ap.add_argument("--job-timeout", type=float, default=1800)
     ap.add_argument("--job-steps", type=int, default=0,
                     help="cut every job to N steps, saving at N/2 and N (0: each job's own default)")
+    ap.add_argument("--jobs", default="", help="comma list of jobs to run (default: all; DPO and GRPO need SFT's)")
     ap.add_argument("--logs", default="", help="folder for each job's full console (default: none kept)")
     ap.add_argument("--gen-presets", default="125m,1b", help="generation: model presets")
     ap.add_argument("--gen-batch", default="1,16,64", help="generation: batch sizes")
@@ -405,7 +420,8 @@ def main(argv=None) -> int:
             if part == "tests":
                 res[part] = _timed(part_tests, a.smoke)
             elif part == "jobs":
-                res[part] = part_jobs(a.smoke, storage, a.job_timeout, a.job_steps, a.logs)
+                res[part] = part_jobs(a.smoke, storage, a.job_timeout, a.job_steps, a.logs,
+                                      [j for j in a.jobs.split(",") if j] or None)
             elif part == "throughput":
                 res[part] = _timed(part_throughput, a)
             elif part == "generation":

@@ -128,3 +128,53 @@ def test_save_local_cleans_up_when_the_write_fails(tmp_path, monkeypatch):
 def test_remote_and_local_run_dirs():
     assert ck.is_remote("s3://bucket/runs/x") and ck.is_remote("gs://b/x")
     assert not ck.is_remote("/runs/x") and not ck.is_remote("file:///runs/x")
+
+
+class _Torch211Stager:
+    """torch 2.11's DefaultStager as it behaves (pytorch#183413): every stage ends by closing its
+    inner StateDictStager, which empties the deepcopy dispatch table it needs for the next one."""
+
+    def __new__(cls):
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        class Stager(DefaultStager):
+            def _stage(self, state_dict, **kwargs):
+                out = super()._stage(state_dict, **kwargs)
+                self._state_dict_stager.close()
+                return out
+
+        return Stager(StagingOptions(use_pinned_memory=False, use_shared_memory=False,
+                                     use_async_staging=False, use_non_blocking_copy=False))
+
+
+def test_a_stager_closed_by_its_own_stage_is_detected_and_would_fail_the_next_save():
+    """The first GPU run (torch 2.11) failed every job at its second save with
+    `KeyError: <class 'type'>`: the closed stager cannot copy a class object (the optimizer's
+    state holds none on CPU here, so the test stages one directly)."""
+    fresh = ck._make_stager(False)
+    sd = {"w": torch.ones(3), "kind": torch.Tensor}
+    assert ck.stager_reusable(fresh)
+    fresh.stage(sd)
+    assert ck.stager_reusable(fresh)  # this torch (2.13) keeps it
+    closed = _Torch211Stager()
+    closed.stage(sd)
+    assert not ck.stager_reusable(closed)
+    with pytest.raises(KeyError):
+        closed.stage(sd)
+
+
+@pytest.mark.parametrize("torch_211", [False, True])
+def test_an_async_save_replaces_a_stager_that_cannot_stage_again(tmp_path, monkeypatch, torch_211):
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
+    if torch_211:
+        monkeypatch.setattr(ck, "_make_stager", lambda cuda: _Torch211Stager())
+    c = ck.Checkpointer(2, (), run_dir=str(tmp_path), comm=Comm.of(model), async_save=True)
+    try:
+        c.save(model, opt, ck.TrainState(step=2), {})
+        assert (c._stager is None) == torch_211  # the next save builds a fresh one
+        assert c._pending.future.result() > 0  # the write of the staged copy still completes
+    finally:
+        c.close()

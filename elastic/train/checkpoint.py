@@ -253,6 +253,17 @@ def _make_stager(cuda: bool):
         return BlockingAsyncStager(cache_staged_state_dict=cuda)
 
 
+def stager_reusable(stager) -> bool:
+    """Whether `stager` can stage another save. torch 2.11's DefaultStager closes its inner
+    StateDictStager at the end of every stage (pytorch#183413), which empties the deepcopy
+    dispatch table; the next stage then fails with `KeyError: <class 'type'>`, the first GPU run
+    of 2.11 failed every job at its second save. Such a stager also frees its cached host
+    buffers, so a fresh one per save costs nothing more than 2.11 already pays."""
+    inner = getattr(stager, "_state_dict_stager", None)
+    table = getattr(inner, "_deepcopy_dispatch", None)
+    return table is None or bool(table)
+
+
 @dataclass
 class _Save:
     """A save whose files are being written (or are written but not yet registered)."""
@@ -352,6 +363,8 @@ class Checkpointer:
                 if self._stager is None:
                     self._stager = _make_stager(self.comm.device.type == "cuda")
                 staged = self._stager.stage(sd)  # after this, training may change the live tensors
+                if not stager_reusable(self._stager):
+                    self._stager = None  # the next save builds its own (torch 2.11, 2.12)
                 future = self._pool.submit(self._write, staged, writer, out, name, self._pg)
             else:
                 future = Future()
