@@ -132,6 +132,17 @@ def test_rate_leaves_out_each_worker_groups_warmup_step_and_uses_a_recent_window
     append_record(str(tmp_path / METRICS), _rec(31, 1130.5, step_s=0.5, mfu=0.3))
     p.poll()
     assert p.rate() == (2000 / 0.5, 0.3)
+    # A step that also evaluated: its evaluation is not training time (the first H200 run showed
+    # 3.5k tok/s after an 11 s evaluation while the steps ran at 56k).
+    append_record(str(tmp_path / METRICS), _rec(32, 1142.0, step_s=11.5, eval_s=11.0, mfu=0.3 * 0.5 / 11.5))
+    p.poll()
+    tps, mfu = p.rate()
+    assert abs(tps - 4000 / 1.0) < 1e-6 and abs(mfu - 0.3) < 1e-12
+    # A model far below the peak still shows a figure, not 0.0%.
+    append_record(str(tmp_path / METRICS), _rec(33, 1142.5, step_s=0.5, mfu=0.0007))
+    p.rate_window.clear()
+    p.poll()
+    assert "MFU 0.07%" in p.plain_line()
 
 
 def _wait_for(out, text, timeout=10.0):
