@@ -11,6 +11,7 @@ of floating-point reductions differs (reduce-scatter vs local sum).
 import os
 
 import numpy as np
+import pytest
 import torch
 
 from elastic.config import from_dict
@@ -56,11 +57,17 @@ def run_steps(model, world: int, rank: int) -> list:
 def fsdp_worker(config):
     import ray.train
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.tensor import Replicate, Shard
 
     torch.set_num_threads(1)
     ctx = ray.train.get_context()
-    cfg = from_dict(CFG)
+    cfg = from_dict({**CFG, "parallel": {"dp_replicate": config.get("dp_replicate", 1)}})
     model, _, _ = build_sharded_model(cfg, torch.device("cpu"), torch.float32)
+    p = model.layers[0].attention.wq.weight
+    if config.get("dp_replicate", 1) > 1:  # HSDP: replicated over the outer axis, sharded over the inner
+        assert p.device_mesh.mesh_dim_names == ("dp_replicate", "dp_shard") and tuple(p.placements) == (Replicate(), Shard(0))
+    else:
+        assert tuple(p.placements) == (Shard(0),)
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     init = get_model_state_dict(model, options=opts)
     losses = run_steps(model, ctx.get_world_size(), ctx.get_world_rank())
@@ -69,14 +76,16 @@ def fsdp_worker(config):
         torch.save({"losses": losses, "params": full, "init": init}, config["out"])
 
 
-def test_fsdp_two_workers_match_single_process_and_meta_init_matches_host_init(ray_local, tmp_path):
+@pytest.mark.parametrize("workers,dp_replicate", [(2, 1), (4, 2)], ids=["fsdp-2", "hsdp-2x2"])
+def test_fsdp_and_hsdp_match_single_process_and_meta_init_matches_host_init(ray_local, tmp_path, workers, dp_replicate):
+    """FSDP over 2 workers, and HSDP over 4 (2 replicas x 2 shards: parallel.dp_replicate 2)."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     out = str(tmp_path / "fsdp.pt")
-    TorchTrainer(fsdp_worker, train_loop_config={"out": out},
-                 scaling_config=ScalingConfig(num_workers=2, use_gpu=False, resources_per_worker={"CPU": 1}),
-                 run_config=RunConfig(name="fsdp-eq", storage_path=str(tmp_path / "ray"))).fit()
+    TorchTrainer(fsdp_worker, train_loop_config={"out": out, "dp_replicate": dp_replicate},
+                 scaling_config=ScalingConfig(num_workers=workers, use_gpu=False, resources_per_worker={"CPU": 1}),
+                 run_config=RunConfig(name=f"fsdp-eq-{workers}", storage_path=str(tmp_path / "ray"))).fit()
     assert os.path.exists(out)
     sharded = torch.load(out)
 

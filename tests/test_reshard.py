@@ -1,4 +1,5 @@
-"""A DCP checkpoint written at 2 workers loads at 1 and at 3 workers with identical state.
+"""A DCP checkpoint written by 4 workers in HSDP (2 replicas x 2 shards) loads at 1 worker and at
+3 (FSDP) with identical state: checkpoints load at any data-parallel layout.
 
 "Identical" is exact equality of the full (unsharded) model parameters and AdamW state
 (step, exp_avg, exp_avg_sq): resharding moves bytes, it does no arithmetic.
@@ -33,7 +34,8 @@ def reshard_worker(config):
     torch.set_num_threads(1)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    model, _, _ = build_sharded_model(from_dict(CFG), torch.device("cpu"), torch.float32)
+    model, _, _ = build_sharded_model(from_dict({**CFG, "parallel": {"dp_replicate": config.get("dp_replicate", 1)}}),
+                                      torch.device("cpu"), torch.float32)
     opt = build_optimizer(model, 1e-2, 0.1, (0.9, 0.95), fused=False)
     if config["mode"] == "save":
         for s in range(STEPS):
@@ -61,12 +63,12 @@ def _fit(tmp_path, name, workers, config):
                  run_config=RunConfig(name=name, storage_path=str(tmp_path / "ray"))).fit()
 
 
-def test_checkpoint_from_2_workers_loads_at_1_and_3(ray_local, tmp_path):
+def test_checkpoint_from_hsdp_2x2_loads_at_1_and_3(ray_local, tmp_path):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    _fit(tmp_path, "save2", 2, {"mode": "save", "ckpt": str(ckpt), "out": str(tmp_path / "w2.pt")})
-    assert len(glob.glob(str(ckpt / "*.distcp"))) == 2 and (ckpt / ".metadata").exists()
-    ref = torch.load(tmp_path / "w2.pt", weights_only=False)
+    _fit(tmp_path, "save4", 4, {"mode": "save", "ckpt": str(ckpt), "out": str(tmp_path / "w4.pt"), "dp_replicate": 2})
+    assert len(glob.glob(str(ckpt / "*.distcp"))) == 4 and (ckpt / ".metadata").exists()
+    ref = torch.load(tmp_path / "w4.pt", weights_only=False)
     for w in (1, 3):
         out = tmp_path / f"w{w}.pt"
         _fit(tmp_path, f"load{w}", w, {"mode": "load", "ckpt": str(ckpt), "out": str(out)})

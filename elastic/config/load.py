@@ -126,6 +126,9 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(t.grad_clip >= 0, "train.grad_clip", f"must be >= 0, got {t.grad_clip}")
     _check(t.param_dtype in ("auto", "bf16", "fp32"), "train.param_dtype", f"must be auto|bf16|fp32, got {t.param_dtype!r}")
     _check(t.compile in ("auto", "true", "false"), "train.compile", f"must be auto|true|false, got {t.compile!r}")
+    _check(cfg.parallel.dp_replicate >= 1, "parallel.dp_replicate", f"must be >= 1, got {cfg.parallel.dp_replicate}")
+    _check(cfg.parallel.dp_replicate <= cfg.scaling.max_workers, "parallel.dp_replicate",
+           f"{cfg.parallel.dp_replicate} replicas need at least as many workers; scaling.max_workers is {cfg.scaling.max_workers}")
     _check(t.activation_checkpointing in ("none", "full"), "train.activation_checkpointing", f"must be none|full, got {t.activation_checkpointing!r}")
     _check(0 <= t.until_step <= t.steps, "train.until_step", f"must be in [0, train.steps={t.steps}], got {t.until_step}")
     _check(t.log_every >= 1, "train.log_every", f"must be >= 1, got {t.log_every}")

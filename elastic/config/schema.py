@@ -197,6 +197,16 @@ class ScalingSection:
 
 
 @dataclass
+class ParallelSection:
+    """How the workers split the model (elastic/train/mesh.py). world = dp_replicate x dp_shard."""
+
+    # HSDP: this many replicas of the FSDP-sharded state, each sharded over world / dp_replicate
+    # workers; gradients are all-reduced between replicas. 1 = plain FSDP over every worker. An
+    # elastic world it does not divide uses the largest replica count that does (gcd), and says so.
+    dp_replicate: int = 1
+
+
+@dataclass
 class SFTSection:
     """Supervised fine-tuning data (jobs/sft.py): rows are conversations; only assistant tokens
     carry loss. See elastic/data/chat.py for the rendering."""
@@ -680,6 +690,7 @@ class Config:
     model: ModelSection = field(default_factory=ModelSection)
     train: TrainSection = field(default_factory=TrainSection)
     scaling: ScalingSection = field(default_factory=ScalingSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
     sft: SFTSection = field(default_factory=SFTSection)
     eval: EvalSection = field(default_factory=EvalSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)

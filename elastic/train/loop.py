@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, Optional
 
 import ray.train
 import torch
+import torch.distributed as dist
 
 from elastic.config import from_dict, resolved_model_dims
 from elastic.model import ModelArgs, Transformer, choose_backend, flops_per_token
@@ -26,6 +27,7 @@ from elastic.train.guard import StabilityGuard
 from elastic.train.job import Job, WorkerContext
 from elastic.train.metrics import MetricsWriter, init_wandb_async, peak_flops
 from elastic.train.optim import build_optimizer, build_scheduler
+from elastic.train.mesh import build_mesh, layout_for
 from elastic.train.parallelize import parallelize
 from elastic.train.profiling import StepProfiler
 from elastic.train.comm import Comm
@@ -103,7 +105,8 @@ def build_sharded_model(cfg, device: torch.device, param_dtype: torch.dtype) -> 
             for p in model.parameters():
                 if not p.requires_grad:
                     p.data = p.data.to(param_dtype)
-    model = parallelize(model, device, param_dtype, cfg.train.activation_checkpointing)
+    layout = layout_for(dist.get_world_size() if dist.is_initialized() else 1, cfg.parallel.dp_replicate)
+    model = parallelize(model, device, param_dtype, cfg.train.activation_checkpointing, build_mesh(device.type, layout))
     model.to_empty(device=device)
     model.init_buffers()
     model.init_weights(seed=cfg.run.seed, assign=_assign_shard)
@@ -266,7 +269,8 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
             "event": "start", "time": start_time, "world_size": world, "step": start_step,
             "resumed_from": ckpt.resumed_from, "attention_backend": backend,
             "device": str(device), "param_dtype": str(param_dtype).replace("torch.", ""),
-            "nice": os.nice(0), "torch_threads": torch.get_num_threads()})
+            "nice": os.nice(0), "torch_threads": torch.get_num_threads(),
+            "mesh": layout_for(world, cfg.parallel.dp_replicate).describe()})
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         print(f"[elastic] rank 0/{world}: step {start_step}/{t.steps}, attention={backend}, device={device}, "
               f"params={model.num_params()}, trainable={trainable}, param_dtype={param_dtype}")

@@ -177,6 +177,8 @@ class Progress:
         if kind == "start":
             self._starts += 1
             how = f"attention {e.get('attention_backend')}, {e.get('device')}, {e.get('param_dtype')}"
+            if e.get("mesh", "").startswith("HSDP"):  # only a layout a user asked for is worth a word
+                how += f", {e['mesh']}"
             if self._starts == 1 and not e.get("resumed_from"):
                 return f"{self.prefix} workers: {e.get('world_size')} started at step {e.get('step')} ({how})"
             verb = "started" if self._starts == 1 else "restarted"

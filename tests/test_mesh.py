@@ -1,0 +1,48 @@
+"""The data-parallel layout (elastic/train/mesh.py) and its config checks: pure arithmetic, no
+cluster. That HSDP trains like one process is tests/test_fsdp_equivalence.py; that its
+checkpoints load at other layouts, tests/test_reshard.py."""
+
+import pytest
+
+from elastic.config import ConfigError, from_dict
+from elastic.config.load import validate
+from elastic.train.mesh import layout_for
+
+
+@pytest.mark.parametrize("world,asked,shape,names", [
+    (4, 1, (4,), ("dp_shard",)),
+    (4, 2, (2, 2), ("dp_replicate", "dp_shard")),
+    (8, 4, (4, 2), ("dp_replicate", "dp_shard")),
+    (4, 4, (4, 1), ("dp_replicate", "dp_shard")),   # pure DDP-style replication
+    (3, 2, (3,), ("dp_shard",)),                    # an elastic world the replicas do not divide
+    (6, 4, (2, 3), ("dp_replicate", "dp_shard")),   # the most replicas that divide it: gcd(6, 4)
+    (1, 2, (1,), ("dp_shard",)),
+])
+def test_layout_of_a_world(world, asked, shape, names):
+    lay = layout_for(world, asked)
+    assert (lay.shape, lay.names, lay.world) == (shape, names, world)
+    assert lay.reduced == (lay.dp_replicate != asked)
+
+
+def test_layout_says_what_it_is_and_why_it_has_fewer_replicas():
+    assert layout_for(4).describe() == "FSDP 4 shards"
+    assert layout_for(4, 2).describe() == "HSDP 2 replicas x 2 shards"
+    assert layout_for(3, 2).describe() == "FSDP 3 shards (parallel.dp_replicate 2 does not divide 3 workers)"
+    with pytest.raises(ValueError):
+        layout_for(0, 1)
+
+
+@pytest.mark.parametrize("parallel,scaling,key", [
+    ({"dp_replicate": 0}, {}, "parallel.dp_replicate"),
+    ({"dp_replicate": 4}, {"min_workers": 2, "max_workers": 2}, "parallel.dp_replicate"),
+    ({"dp_replicat": 2}, {}, "parallel.dp_replicat"),
+])
+def test_bad_parallel_config_is_one_line_naming_the_key(parallel, scaling, key):
+    with pytest.raises(ConfigError) as e:
+        validate(from_dict({"parallel": parallel, "scaling": scaling}))
+    assert key in str(e.value) and "\n" not in str(e.value)
+
+
+def test_hsdp_config_is_accepted():
+    validate(from_dict({"parallel": {"dp_replicate": 2}, "scaling": {"min_workers": 2, "max_workers": 2},
+                        "train": {"global_batch_size": 16, "micro_batch_size": 4}}))
