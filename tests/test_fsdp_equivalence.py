@@ -16,7 +16,8 @@ import torch
 
 from elastic.config import from_dict
 from elastic.data.packing import pack_documents
-from elastic.train.loop import build_model, build_sharded_model
+from elastic.train.loop import build_model, build_sharded_model, layout_of
+from elastic.train.mesh import dp_group
 from elastic.train.optim import build_optimizer
 from elastic.train.comm import Comm
 from elastic.train.step import causal_lm_loss, label_count, split_micro, train_step
@@ -35,23 +36,24 @@ def fixed_global_batch(step: int) -> dict:
     return {k: v[:8] for k, v in out.items()}
 
 
-def local_step(model, opt, step: int, world: int, rank: int):
-    """One training step on this rank's slice of fixed global batch `step`, as the loop runs it:
-    the normaliser is the global label count (summed over ranks)."""
+def local_step(model, opt, step: int, world: int, rank: int, group=None):
+    """One training step on this (data-parallel) rank's slice of fixed global batch `step`, as
+    the loop runs it: the normaliser is the global label count (summed over the dp ranks of
+    `group`, the default group without tensor parallelism)."""
     cpu = torch.device("cpu")
     gb = fixed_global_batch(step)
     per = 8 // world
     local = {k: gb[k][rank * per:(rank + 1) * per] for k in ("tokens", "positions", "doc_ids", "labels")}
-    comm = Comm(cpu)
+    comm = Comm(cpu, group=group)
     norm = comm.sum([label_count(local)])[0]
     assert norm == label_count(gb)
     out = train_step(model, opt, split_micro(local, 2), causal_lm_loss, norm, 1.0, comm)
     return out.stats["loss_sum"] / norm
 
 
-def run_steps(model, world: int, rank: int) -> list:
+def run_steps(model, world: int, rank: int, group=None) -> list:
     opt = build_optimizer(model, 1e-2, 0.1, (0.9, 0.95), fused=False)
-    return [local_step(model, opt, s, world, rank) for s in range(STEPS)]
+    return [local_step(model, opt, s, world, rank, group) for s in range(STEPS)]
 
 
 def fsdp_worker(config):
@@ -61,43 +63,58 @@ def fsdp_worker(config):
 
     torch.set_num_threads(1)
     ctx = ray.train.get_context()
-    cfg = from_dict({**CFG, "parallel": {"dp_replicate": config.get("dp_replicate", 1)}})
+    par = {"dp_replicate": config.get("dp_replicate", 1), "tp": config.get("tp", 1)}
+    cfg = from_dict({**CFG, "parallel": par, "model": {**CFG["model"], **config.get("model", {})}})
     model, _, _ = build_sharded_model(cfg, torch.device("cpu"), torch.float32)
+    layout = layout_of(cfg)
     p = model.layers[0].attention.wq.weight
-    if config.get("dp_replicate", 1) > 1:  # HSDP: replicated over the outer axis, sharded over the inner
+    if par["tp"] > 1:  # column-wise over tp, then FSDP over the data-parallel axis
+        assert p.device_mesh.mesh_dim_names[-1] == "tp" and p.placements[-1] == Shard(0)
+    elif par["dp_replicate"] > 1:  # HSDP: replicated over the outer axis, sharded over the inner
         assert p.device_mesh.mesh_dim_names == ("dp_replicate", "dp_shard") and tuple(p.placements) == (Replicate(), Shard(0))
     else:
         assert tuple(p.placements) == (Shard(0),)
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    init = get_model_state_dict(model, options=opts)
-    losses = run_steps(model, ctx.get_world_size(), ctx.get_world_rank())
+    # Copies: with one data-parallel rank the full state dict may share the live parameters' storage.
+    init = {k: v.clone() for k, v in get_model_state_dict(model, options=opts).items()}
+    rank = ctx.get_world_rank()
+    losses = run_steps(model, layout.dp, layout.dp_rank(rank), dp_group(layout))
     full = get_model_state_dict(model, options=opts)
     if ctx.get_world_rank() == 0:
         torch.save({"losses": losses, "params": full, "init": init}, config["out"])
 
 
-@pytest.mark.parametrize("workers,dp_replicate", [(2, 1), (4, 2)], ids=["fsdp-2", "hsdp-2x2"])
-def test_fsdp_and_hsdp_match_single_process_and_meta_init_matches_host_init(ray_local, tmp_path, workers, dp_replicate):
-    """FSDP over 2 workers, and HSDP over 4 (2 replicas x 2 shards: parallel.dp_replicate 2)."""
+@pytest.mark.parametrize("workers,par", [(2, {}), (4, {"dp_replicate": 2}), (4, {"tp": 2}),
+                                         (2, {"tp": 2, "model": {"tie_embeddings": False}})],
+                         ids=["fsdp-2", "hsdp-2x2", "dp2-tp2", "tp2-untied"])
+def test_fsdp_hsdp_and_tp_match_single_process_and_meta_init_matches_host_init(ray_local, tmp_path, workers, par):
+    """FSDP over 2 workers; HSDP over 4 (2 replicas x 2 shards: parallel.dp_replicate 2); FSDP 2 x
+    TP 2 (tensor + sequence parallel, tied embeddings); TP 2 alone with an untied output."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     out = str(tmp_path / "fsdp.pt")
-    TorchTrainer(fsdp_worker, train_loop_config={"out": out, "dp_replicate": dp_replicate},
+    TorchTrainer(fsdp_worker, train_loop_config={"out": out, **par},
                  scaling_config=ScalingConfig(num_workers=workers, use_gpu=False, resources_per_worker={"CPU": 1}),
                  run_config=RunConfig(name=f"fsdp-eq-{workers}", storage_path=str(tmp_path / "ray"))).fit()
     assert os.path.exists(out)
     sharded = torch.load(out)
 
-    cfg = from_dict(CFG)
+    cfg = from_dict({**CFG, "model": {**CFG["model"], **par.get("model", {})}})
     model, _, _ = build_model(cfg, torch.device("cpu"))
-    host_init = model.state_dict()
+    host_init = {k: v.clone() for k, v in model.state_dict().items()}
     assert sharded["init"].keys() == host_init.keys()
     for k, v in sharded["init"].items():  # meta-device init at world size 2 == host init, bit for bit
         assert torch.equal(v, host_init[k]), k
     ref_losses = run_steps(model, 1, 0)
     np.testing.assert_allclose(sharded["losses"], ref_losses, rtol=1e-5)
-    assert ref_losses[-1] < ref_losses[0]  # it actually trained
     ref = model.state_dict()
+    # It actually trained: the loss fell (the tied default), every matrix moved well past the tolerance.
+    assert ref_losses[-1] < ref_losses[0] or cfg.model.tie_embeddings is False
+    assert all((ref[k] - host_init[k]).abs().max() > 1e-3 for k in ref if ref[k].dim() == 2)
     for k, v in sharded["params"].items():
-        torch.testing.assert_close(v, ref[k], atol=1e-4, rtol=0, msg=lambda m: f"{k}: {m}")
+        # TP sums each matmul's partial products in another order than one process: after 4 AdamW
+        # steps at lr 1e-2 an element whose gradient is near zero (where m / sqrt(v) is most
+        # sensitive) may move up to ~1e-4 further (seen: 1 element of 19,200 at 1.1e-4).
+        tol = 3e-4 if par.get("tp", 1) > 1 else 1e-4
+        torch.testing.assert_close(v, ref[k], atol=tol, rtol=0, msg=lambda m: f"{k}: {m}")

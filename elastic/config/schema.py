@@ -198,12 +198,16 @@ class ScalingSection:
 
 @dataclass
 class ParallelSection:
-    """How the workers split the model (elastic/train/mesh.py). world = dp_replicate x dp_shard."""
+    """How the workers split the model (elastic/train/mesh.py). world = dp_replicate x dp_shard x tp."""
 
     # HSDP: this many replicas of the FSDP-sharded state, each sharded over world / dp_replicate
     # workers; gradients are all-reduced between replicas. 1 = plain FSDP over every worker. An
     # elastic world it does not divide uses the largest replica count that does (gcd), and says so.
     dp_replicate: int = 1
+    # Tensor + sequence parallelism over this many consecutive workers (one node on a GPU
+    # cluster): each block's matmuls split Megatron-style. Heads, key/value heads and ffn_hidden
+    # must divide by it; elastic runs grow and shrink in units of tp workers.
+    tp: int = 1
 
 
 @dataclass

@@ -151,9 +151,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, freqs: torch.Tensor, meta: AttentionMetadata,
                 cache: Optional[CacheAttention] = None) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim)
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim)
-        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        # -1 heads: under tensor parallelism (elastic/train/parallelize.py) each rank holds
+        # n_heads / tp query heads and n_kv_heads / tp key/value heads.
+        q = self.wq(x).view(B, T, -1, self.head_dim)
+        k = self.wk(x).view(B, T, -1, self.head_dim)
+        v = self.wv(x).view(B, T, -1, self.head_dim).transpose(1, 2)
         if self.qk_norm:  # before RoPE, before any attention backend or cache
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q.transpose(1, 2), freqs), apply_rope(k.transpose(1, 2), freqs)

@@ -516,7 +516,7 @@ class GRPOJob(Job):
     # ------------------------------------------------------------------ records
     def state(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"prompt_cursor": self._cursor}
-        if self.fleet is not None and self.ctx.rank == 0:  # rank 0 writes train_state.json
+        if self.fleet is not None and self.ctx.leader:  # rank 0 writes train_state.json
             # The generated steps whose policy versions the checkpoint no longer has.
             out["rollout_buffer"] = self.fleet.buffer(self._cursor // self.rl.prompts_per_step)
         return out
@@ -590,7 +590,7 @@ class GRPOJob(Job):
         m["gen_tokens_per_s"] = gen_tokens * self.ctx.world_size / gen_s if gen_s else None
         span = self._metrics.get("_reward_span_s")
         m["reward_evals_per_s"] = self.N / span if span else None
-        if self.fleet is not None and self.ctx.rank == 0:  # the rollout fleet since the last step
+        if self.fleet is not None and self.ctx.leader:  # the rollout fleet since the last step
             st = self.fleet.stats()
             tps = st["tokens_per_s"]
             m.update(rollout_fleet=st["fleet"], rollout_idle_frac=st["idle_frac"], rollout_actors_lost=st["lost"],

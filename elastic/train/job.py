@@ -36,10 +36,21 @@ class WorkerContext:
     local_dir: str           # where the run's records go (the run dir; local path or URI)
     config: Dict[str, Any]   # the raw train_loop_config (plans, paths)
     comm: Optional[Comm] = None  # this worker's collectives, on the model's device (elastic/train/comm.py)
+    # The worker's rank in the whole group. `rank`/`world_size` (and `comm`) are data-parallel:
+    # under tensor parallelism (elastic/train/mesh.py) the tp peers of one data-parallel rank
+    # share its rank, read the same rows and must run the same forward passes.
+    global_rank: int = -1
 
     def __post_init__(self) -> None:
         if self.comm is None:
             self.comm = Comm(self.device)
+        if self.global_rank < 0:
+            self.global_rank = self.rank
+
+    @property
+    def leader(self) -> bool:
+        """The one worker that writes a job's own records and prints its lines."""
+        return self.global_rank == 0
 
 
 @dataclass

@@ -122,5 +122,5 @@ class LMJob(Job):
 
     def close(self) -> None:
         self.batches.close()
-        if self.ctx.rank == 0 and self.bad_total.total:
+        if self.ctx.leader and self.bad_total.total:
             print(f"[elastic] {self.bad_total.total} rows skipped or cut {self.bad_total.counts}; first: {self.bad_total.examples}")

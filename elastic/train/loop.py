@@ -27,7 +27,7 @@ from elastic.train.guard import StabilityGuard
 from elastic.train.job import Job, WorkerContext
 from elastic.train.metrics import MetricsWriter, init_wandb_async, peak_flops
 from elastic.train.optim import build_optimizer, build_scheduler
-from elastic.train.mesh import build_mesh, layout_for
+from elastic.train.mesh import Layout, build_mesh, dp_group, layout_for
 from elastic.train.parallelize import parallelize
 from elastic.train.profiling import StepProfiler
 from elastic.train.comm import Comm
@@ -85,6 +85,12 @@ def _assign_shard(p: torch.Tensor, full: torch.Tensor) -> None:
         p.copy_(full)
 
 
+def layout_of(cfg) -> Layout:
+    """This worker group's layout (elastic/train/mesh.py) from its world size and `parallel.*`."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return layout_for(world, cfg.parallel.dp_replicate, cfg.parallel.tp)
+
+
 def build_sharded_model(cfg, device: torch.device, param_dtype: torch.dtype) -> tuple[Transformer, ModelArgs, str]:
     """Build on the meta device, apply FSDP2, then materialise only this rank's shards.
 
@@ -105,8 +111,8 @@ def build_sharded_model(cfg, device: torch.device, param_dtype: torch.dtype) -> 
             for p in model.parameters():
                 if not p.requires_grad:
                     p.data = p.data.to(param_dtype)
-    layout = layout_for(dist.get_world_size() if dist.is_initialized() else 1, cfg.parallel.dp_replicate)
-    model = parallelize(model, device, param_dtype, cfg.train.activation_checkpointing, build_mesh(device.type, layout))
+    layout = layout_of(cfg)
+    model = parallelize(model, device, param_dtype, cfg.train.activation_checkpointing, build_mesh(device.type, layout), layout)
     model.to_empty(device=device)
     model.init_buffers()
     model.init_weights(seed=cfg.run.seed, assign=_assign_shard)
@@ -220,6 +226,11 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
     param_dtype = resolve_param_dtype(t.param_dtype, device)
     model, args, backend = build_sharded_model(cfg, device, param_dtype)
     comm = Comm.of(model)  # every collective of this worker, on the parameters' device
+    # Under tensor parallelism the tp ranks of one data-parallel rank read the same batch: jobs
+    # see the data-parallel rank and world, and sum loss units and tokens over their dp peers.
+    layout = layout_of(cfg)
+    dp_comm = Comm(comm.device, group=dp_group(layout)) if layout.tp > 1 else comm
+    dp_rank, dp_world = layout.dp_rank(rank), layout.dp
     if resolve_compile(t.compile, device):
         for block in model.layers:
             block.compile()
@@ -243,7 +254,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
             load_initial_weights(model, cfg)  # model.init_from, if any (else the seeded init stands)
         job.init_aux(cfg)
     start_step, counters = state.step, state.counters
-    job.start(WorkerContext(cfg, rank, world, device, model, records_dir, config, comm), state.job)
+    job.start(WorkerContext(cfg, dp_rank, dp_world, device, model, records_dir, config, dp_comm, global_rank=rank), state.job)
     ups = job.updates_per_step  # optimizer updates per global step (GRPO: several per rollout)
     sched = build_scheduler(opt, t.warmup_steps * ups, t.steps * ups, t.min_lr_ratio)
     if state.scheduler:
@@ -270,7 +281,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
             "resumed_from": ckpt.resumed_from, "attention_backend": backend,
             "device": str(device), "param_dtype": str(param_dtype).replace("torch.", ""),
             "nice": os.nice(0), "torch_threads": torch.get_num_threads(),
-            "mesh": layout_for(world, cfg.parallel.dp_replicate).describe()})
+            "mesh": layout_of(cfg).describe()})
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         print(f"[elastic] rank 0/{world}: step {start_step}/{t.steps}, attention={backend}, device={device}, "
               f"params={model.num_params()}, trainable={trainable}, param_dtype={param_dtype}")
@@ -306,8 +317,8 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
                         norm = upd.normaliser
                     else:
                         with timer.phase("sync", host=True):  # also where ranks wait for the slowest one's data
-                            norm = comm.sum([upd.units])[0]
-                    out = train_step(model, opt, upd.micro_batches, loss_fn, norm, t.grad_clip, comm, timer,
+                            norm = dp_comm.sum([upd.units])[0]
+                    out = train_step(model, opt, upd.micro_batches, loss_fn, norm, t.grad_clip, dp_comm, timer,
                                      poison=s1 in nan_steps)
                     sched.step()
                     job.observe(out)
@@ -323,7 +334,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
                 evals = job.evaluate(s1)
             # One small collective: global token counts and the slowest rank's time (also a barrier).
             with timer.phase("sync", host=True):
-                gathered = comm.gather([float(tokens), local_s, float(compute_tokens), float(job.forward_tokens())])
+                gathered = dp_comm.gather([float(tokens), local_s, float(compute_tokens), float(job.forward_tokens())])
             phases = timer.seconds()
             if not evals:
                 phases.pop("eval_s", None)
@@ -335,8 +346,8 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
             if verdict.bad:
                 counters["skipped_steps"] = int(counters["skipped_steps"]) + 1
             counters["tokens"] = int(counters["tokens"]) + tokens_global
-            if ledger:
-                append_record(ledger, {"step": s1, "rank": rank, "world_size": world, "start_time": start_time,
+            if ledger and rank % layout.tp == 0:  # one record per data-parallel rank (tp peers read alike)
+                append_record(ledger, {"step": s1, "rank": dp_rank, "world_size": dp_world, "start_time": start_time,
                                        "sample_ids": sample_ids})
             if verdict.stop:
                 if rank == 0:

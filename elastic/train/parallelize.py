@@ -1,14 +1,28 @@
-"""Apply FSDP2 or HSDP (and optional activation checkpointing) to a plain model, torchtitan style.
+"""Apply tensor parallelism, FSDP2 or HSDP (and optional activation checkpointing) to a plain
+model, torchtitan style.
 
-Each transformer block is its own FSDP unit (parameters all-gathered just before the block
-runs and freed after), then the root module picks up the embeddings, final norm and output.
-Parameters compute in `param_dtype`; gradients are reduced in fp32 and *summed* over ranks
-(gradient divide factor 1): the loss is already normalised by the whole global batch's units
-(see step.py), so FSDP's default averaging would divide by the world size a second time.
-The mesh comes from mesh.py: a 1-D mesh is FSDP, a 2-D (dp_replicate, dp_shard) mesh is HSDP.
+Order: tensor + sequence parallelism inside each block over the mesh's `tp` axis, activation
+checkpointing, then FSDP2 over the data-parallel axes. Each transformer block is its own FSDP
+unit (parameters all-gathered just before the block runs and freed after), then the root module
+picks up the embeddings, final norm and output. Parameters compute in `param_dtype`; gradients
+are reduced in fp32 and *summed* over ranks (gradient divide factor 1): the loss is already
+normalised by the whole global batch's units (see step.py), so FSDP's default averaging would
+divide by the world size a second time. The mesh comes from mesh.py: a 1-D data-parallel mesh
+is FSDP, a 2-D (dp_replicate, dp_shard) one is HSDP.
+
+Tensor parallelism (the Megatron split, as torchtitan writes it for Llama): q/k/v and gate/up
+column-wise, o and down row-wise, so each block needs one all-gather before attention and the
+MLP and one reduce-scatter after. Between them the residual stream is sharded over the sequence
+(sequence parallelism: the norms run on T/tp positions each). Attention itself sees the whole
+sequence with n_heads/tp heads, so document masking is exactly as without TP. After the last
+block the stream is gathered, so the final norm, `select`/`last_only` and every job's loss see
+ordinary tensors; the output projection is column-wise over the vocabulary and its logits are
+gathered (loss-parallel cross-entropy, which would skip that gather, is not built).
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -16,7 +30,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from elastic.model.llama import Transformer
-from elastic.train.mesh import build_mesh, layout_for
+from elastic.train.mesh import Layout, build_mesh, dp_mesh, layout_for
 
 
 def apply_activation_checkpointing(model: Transformer) -> None:
@@ -26,22 +40,117 @@ def apply_activation_checkpointing(model: Transformer) -> None:
         model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
+def tp_unsupported(args, tp: int) -> Optional[str]:
+    """Why this model cannot be split over `tp` ranks (None: it can). Config checks call this
+    before any work starts (elastic/config/load.py)."""
+    if tp == 1:
+        return None
+    if args.n_heads % tp or args.n_kv_heads % tp:
+        return f"{args.n_heads} query and {args.n_kv_heads} key/value heads do not split over {tp} ranks"
+    if args.ffn_hidden % tp:
+        return f"ffn_hidden {args.ffn_hidden} does not split over {tp} ranks"
+    if args.qk_norm:
+        return "q/k norms (Qwen3) are shared by every head; their gradients under TP are not summed yet"
+    return None
+
+
+def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh) -> None:
+    """The Megatron split of every block plus vocabulary-parallel embedding and output."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
+                                                   RowwiseParallel, SequenceParallel, parallelize_module)
+
+    tp = tp_mesh.size()
+    plan = {
+        # Vocabulary-sharded rows; the partial sums are reduce-scattered over the sequence.
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        # The stream leaves the last block whole: the final norm and the jobs see plain tensors.
+        f"layers.{len(model.layers) - 1}": PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate(),
+                                                               use_local_output=True),
+    }
+    out_features = model.output.weight.shape[0]
+    split_output = out_features % tp == 0 and not model.args.tie_embeddings
+    if split_output:
+        plan["output"] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True)
+    parallelize_module(model, tp_mesh, plan)
+    # The final norm (and an output too narrow to split, e.g. a reward model's scalar head) run
+    # whole on every tp rank: their weights become Replicate DTensors on the tp axis, so every
+    # parameter lives on one (dp, tp) mesh (gradient clipping takes one norm over all of them).
+    _replicated(model.norm, tp_mesh)
+    if not split_output and not model.args.tie_embeddings:
+        _replicated(model.output, tp_mesh)
+    for block in model.layers:
+        parallelize_module(block, tp_mesh, {
+            "attention_norm": SequenceParallel(),
+            # x, freqs, meta, cache (None in training): only x is a sequence-sharded activation.
+            "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None, None),
+                                            desired_input_layouts=(Replicate(), None, None, None)),
+            "attention.wq": ColwiseParallel(),
+            "attention.wk": ColwiseParallel(),
+            "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        })
+    if model.args.tie_embeddings:
+        # The output shares the embedding's vocabulary-sharded weight: project the gathered
+        # stream onto this rank's vocabulary rows and gather the logits.
+        model.tie_weights()
+        parallelize_module(model, tp_mesh, {"output": _TiedColwise()})
+
+
+def _replicated(module: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
+    """`module` computes whole on every tp rank: Replicate weights, plain tensors in and out."""
+    from torch.distributed.tensor import DTensor, Replicate, distribute_module
+
+    def to_dtensor(_, inputs, mesh):
+        return tuple(DTensor.from_local(x, mesh, [Replicate()], run_check=False) if isinstance(x, torch.Tensor)
+                     and not isinstance(x, DTensor) else x for x in inputs)
+
+    def to_local(_, out, mesh):
+        return out.to_local() if isinstance(out, DTensor) else out
+
+    distribute_module(module, tp_mesh, input_fn=to_dtensor, output_fn=to_local)
+
+
+class _TiedColwise:
+    """ColwiseParallel for an output layer whose weight is already the embedding's Shard(0)
+    DTensor (tied embeddings): distribute only its input and output."""
+
+    def __new__(cls):
+        from torch.distributed.tensor import Replicate
+        from torch.distributed.tensor.parallel import ColwiseParallel
+
+        class Tied(ColwiseParallel):
+            def _partition_linear_fn(self, name, module, device_mesh):
+                pass  # the weight is the embedding's, sharded already
+
+        return Tied(input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True)
+
+
 def parallelize(model: Transformer, device: torch.device, param_dtype: torch.dtype, activation_checkpointing: str = "none",
-                mesh: DeviceMesh | None = None) -> Transformer:
-    """`mesh`: the data-parallel mesh (mesh.py); default a 1-D mesh over every rank (FSDP)."""
+                mesh: Optional[DeviceMesh] = None, layout: Optional[Layout] = None) -> Transformer:
+    """`mesh`/`layout`: from mesh.py; default a 1-D mesh over every rank (FSDP)."""
+    if mesh is None or layout is None:
+        layout = layout_for(dist.get_world_size())
+        mesh = build_mesh(device.type, layout)
+    if layout.tp > 1:
+        apply_tensor_parallel(model, mesh["tp"])
     if activation_checkpointing == "full":
         apply_activation_checkpointing(model)
-    if mesh is None:
-        mesh = build_mesh(device.type, layout_for(dist.get_world_size()))
+    fsdp_mesh = dp_mesh(mesh, layout)
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     n = len(model.layers)
-    # One worker holds every parameter whole: resharding after forward would only free the
-    # compute-dtype copies and cast them again for backward. Keep them (memory: one bf16 copy).
-    alone = dist.get_world_size() == 1
+    # One data-parallel rank holds every parameter whole: resharding after forward would only
+    # free the compute-dtype copies and cast them again for backward. Keep them (one bf16 copy).
+    alone = layout.dp == 1
     for i, block in enumerate(model.layers):
         # The last block's parameters are needed first in backward: keep them gathered.
-        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=i < n - 1 and not alone)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+        fully_shard(block, mesh=fsdp_mesh, mp_policy=mp, reshard_after_forward=i < n - 1 and not alone)
+    fully_shard(model, mesh=fsdp_mesh, mp_policy=mp)
     for m in model.modules():
         if hasattr(m, "set_gradient_divide_factor"):
             m.set_gradient_divide_factor(1.0)
