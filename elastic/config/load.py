@@ -126,9 +126,6 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(t.grad_clip >= 0, "train.grad_clip", f"must be >= 0, got {t.grad_clip}")
     _check(t.param_dtype in ("auto", "bf16", "fp32"), "train.param_dtype", f"must be auto|bf16|fp32, got {t.param_dtype!r}")
     _check(t.compile in ("auto", "true", "false"), "train.compile", f"must be auto|true|false, got {t.compile!r}")
-    _check(cfg.parallel.dp_replicate >= 1, "parallel.dp_replicate", f"must be >= 1, got {cfg.parallel.dp_replicate}")
-    _check(cfg.parallel.dp_replicate <= cfg.scaling.max_workers, "parallel.dp_replicate",
-           f"{cfg.parallel.dp_replicate} replicas need at least as many workers; scaling.max_workers is {cfg.scaling.max_workers}")
     _check(t.activation_checkpointing in ("none", "full"), "train.activation_checkpointing", f"must be none|full, got {t.activation_checkpointing!r}")
     _check(0 <= t.until_step <= t.steps, "train.until_step", f"must be in [0, train.steps={t.steps}], got {t.until_step}")
     _check(t.log_every >= 1, "train.log_every", f"must be >= 1, got {t.log_every}")
@@ -148,12 +145,13 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(s.resource_wait_s >= 0, "scaling.resource_wait_s", f"must be >= 0, got {s.resource_wait_s}")
     # Every world size the run may take must split the global batch into whole micro-batches
     # (GRPO batches by rollouts instead: rl.prompts_per_step x rl.group_size, checked below).
-    for w in (range(s.min_workers, s.max_workers + 1) if job != "grpo" else ()):
+    _validate_parallel(cfg)
+    for w in (dp_worlds(cfg) if job != "grpo" else ()):
         per = t.global_batch_size / w
         _check(
             t.global_batch_size % w == 0 and (t.global_batch_size // w) % t.micro_batch_size == 0,
             "train.global_batch_size",
-            f"{t.global_batch_size} sequences cannot be split over {w} workers into micro-batches of "
+            f"{t.global_batch_size} sequences cannot be split over {w} {_ranks(cfg)} into micro-batches of "
             f"{t.micro_batch_size} (per worker: {per:g}); every world size in scaling.min_workers.."
             f"scaling.max_workers={s.min_workers}..{s.max_workers} must divide it",
         )
@@ -343,6 +341,54 @@ def _validate_dpo(cfg: Config) -> None:
         _check(r in ("wrong", "reference"), f"dpo.code_opt_rejected[{i}]", f"must be wrong or reference, got {r!r}")
 
 
+def dp_worlds(cfg: Config) -> List[int]:
+    """The data-parallel world sizes the run may take: each world size in
+    scaling.min_workers..max_workers that whole tensor-parallel groups fill, over parallel.tp
+    (elastic sizes are whole groups: elastic/launch/runtime/lean_train.py)."""
+    tp = max(1, cfg.parallel.tp)
+    return [w // tp for w in range(cfg.scaling.min_workers, cfg.scaling.max_workers + 1) if w % tp == 0]
+
+
+def _ranks(cfg: Config) -> str:
+    return "workers" if cfg.parallel.tp == 1 else f"data-parallel ranks (workers / parallel.tp {cfg.parallel.tp})"
+
+
+def _validate_parallel(cfg: Config) -> None:
+    """The layout (elastic/train/mesh.py): sizes, and what tensor parallelism cannot split yet."""
+    p, s = cfg.parallel, cfg.scaling
+    _check(p.dp_replicate >= 1, "parallel.dp_replicate", f"must be >= 1, got {p.dp_replicate}")
+    _check(p.tp >= 1, "parallel.tp", f"must be >= 1, got {p.tp}")
+    _check(s.min_workers % p.tp == 0 and s.max_workers % p.tp == 0, "parallel.tp",
+           f"workers come in groups of {p.tp}: scaling.min_workers={s.min_workers} and max_workers={s.max_workers} "
+           f"must be multiples of it")
+    _check(p.dp_replicate <= s.max_workers // p.tp, "parallel.dp_replicate",
+           f"{p.dp_replicate} replicas need at least as many data-parallel ranks; scaling.max_workers / parallel.tp "
+           f"is {s.max_workers // p.tp}")
+    if p.tp == 1:
+        return
+    _check(cfg.model.lora.rank == 0, "parallel.tp", "LoRA under tensor parallelism is not supported yet (use tp 1)")
+    _check(cfg.rl.rollout.placement == "colocated", "parallel.tp",
+           "a disaggregated rollout fleet under tensor parallelism is not supported yet (rl.rollout.placement colocated)")
+    why = tp_unsupported(resolved_model_dims(cfg), p.tp)
+    _check(why is None, "parallel.tp", f"{why} (parallel.tp {p.tp})")
+    _check(cfg.data.seq_len % p.tp == 0, "parallel.tp", f"data.seq_len {cfg.data.seq_len} must be a multiple of it "
+           "(sequence parallelism splits the sequence)")
+
+
+def tp_unsupported(dims: Mapping[str, Any], tp: int) -> Optional[str]:
+    """Why a model of `dims` (ModelArgs fields) cannot be split over `tp` tensor-parallel ranks
+    (elastic/train/parallelize.py); None: it can."""
+    if tp == 1:
+        return None
+    if dims["n_heads"] % tp or dims.get("n_kv_heads", dims["n_heads"]) % tp:
+        return f"{dims['n_heads']} query and {dims.get('n_kv_heads', dims['n_heads'])} key/value heads do not split over {tp} ranks"
+    if dims["ffn_hidden"] % tp:
+        return f"model.ffn_hidden {dims['ffn_hidden']} does not split over {tp} ranks"
+    if dims.get("qk_norm"):
+        return "q/k norms (Qwen3) are shared by every head; summing their gradients over tp ranks is not built yet"
+    return None
+
+
 def _validate_rl_world_sizes(cfg: Config) -> None:
     """Every world size the run may take must split each optimizer step's completions evenly
     into whole micro-batches (the rl analogue of train.global_batch_size's check)."""
@@ -352,10 +398,10 @@ def _validate_rl_world_sizes(cfg: Config) -> None:
            f"{rl.prompts_per_step} prompts x {rl.group_size} samples = {n} completions cannot be split into "
            f"{rl.minibatches_per_update} equal minibatches")
     per_step = n // rl.minibatches_per_update
-    for w in range(s.min_workers, s.max_workers + 1):
+    for w in dp_worlds(cfg):
         _check(per_step % w == 0 and (per_step // w) % rl.micro_batch_size == 0, "rl.prompts_per_step",
                f"{rl.prompts_per_step} prompts x {rl.group_size} samples / {rl.minibatches_per_update} minibatch(es) = "
-               f"{per_step} completions per optimizer step cannot be split over {w} workers into micro-batches of "
+               f"{per_step} completions per optimizer step cannot be split over {w} {_ranks(cfg)} into micro-batches of "
                f"{rl.micro_batch_size} (per worker: {per_step / w:g}); every world size in scaling.min_workers.."
                f"scaling.max_workers={s.min_workers}..{s.max_workers} must divide it")
 

@@ -148,7 +148,7 @@ def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_c
     storage = paths.run_dir.rsplit("/", 1)[0]
     if cfg.model.lora.rank > 0:  # what the adapters apply to, recorded in every checkpoint
         loop_config = {**loop_config, "lora_base": lora_base_record(cfg)}
-    return trainer_class(private_instance())(
+    trainer = trainer_class(private_instance())(
         loop_fn,
         train_loop_config={"cfg": to_dict(cfg), "run_dir": paths.run_dir, "local_dir": paths.local_dir,
                            "records_dir": paths.records_dir, "use_gpu": gpu,
@@ -165,6 +165,10 @@ def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_c
                              worker_runtime_env={"env_vars": TRAIN_WORKER_ENV}),
         **trainer_kwargs,
     )
+    # Elastic sizes in whole tensor-parallel groups (lean_train.UnitElasticScalingPolicy).
+    trainer.worker_unit = cfg.parallel.tp
+    trainer.events_path = os.path.join(paths.records_dir, "events.jsonl")
+    return trainer
 
 
 # What building a trainer imports: Ray Train and torch (ray.train.torch; 3.6 CPU-seconds here).

@@ -416,9 +416,10 @@ class GRPOJob(Job):
         scores = self._rm_scores(rows)
         mine = [(r.k, float(got[r.key].reward) + self.rm_weight * (float(sc) if sc is not None else 0.0), got[r.key].status,
                  len(r.tokens), r.truncated, got[r.key].speedup, sc) for r, sc in zip(rows, scores)]
-        # Every completion with its verdict, for people reading what the policy writes.
+        # Every completion with its verdict, for people reading what the policy writes (once:
+        # tensor-parallel peers hold the same rows).
         path = os.path.join(self.ctx.local_dir, ROLLOUTS)
-        for r, sc in zip(rows, scores):
+        for r, sc in zip(rows if self.ctx.tp_rank == 0 else [], scores):
             res = got[r.key]
             append_record(path, {"step": step + 1, "k": r.k, "problem": r.problem, "status": res.status,
                                  "reward": res.reward + self.rm_weight * (sc or 0.0),
@@ -554,13 +555,15 @@ class GRPOJob(Job):
         self.count_forward(sum(len(self.prompt_tokens(t)) + len(o.tokens) for (t, _), o in zip(mine, outs)))
         keys = [f"{self.run_name}:eval{step}:{t}:{j}" for t, j in mine]
         texts = [decode_text(self.tok, o.tokens) for o in outs]
-        self.reward.submit([(k, t, c) for k, (t, _), c in zip(keys, mine, texts)])
         got: Dict[str, Any] = {}
-        while len(got) < len(keys):
-            got.update(self.reward.results([k for k in keys if k not in got], timeout_s=30.0))
-        self.reward.forget(keys)
+        if ctx.tp_rank == 0:  # tensor-parallel peers hold the same items: one asks, all use it
+            self.reward.submit([(k, t, c) for k, (t, _), c in zip(keys, mine, texts)])
+            while len(got) < len(keys):
+                got.update(self.reward.results([k for k in keys if k not in got], timeout_s=30.0))
+            self.reward.forget(keys)
+        got = ctx.share_with_tp_peers(got)
         path = os.path.join(ctx.local_dir, EVAL_VERDICTS)
-        for k, (t, j), c in zip(keys, mine, texts):
+        for k, (t, j), c in zip(keys if ctx.tp_rank == 0 else [], mine, texts):
             r = got[k]
             append_record(path, {"step": step, "task": t, "sample": j, "status": r.status, "reward": r.reward,
                                  "speedup": r.speedup, "reason": (r.reason or "")[:300], "completion": c[:4000]})

@@ -55,10 +55,51 @@ def _restore_post_forward(mod: FSDPModule, saved: List[Any]) -> None:
         g.post_forward_mesh_info = info
 
 
+def _tensor_parallel(model: nn.Module) -> bool:
+    p = next(model.parameters(), None)
+    mesh = getattr(p, "device_mesh", None)
+    return mesh is not None and "tp" in (mesh.mesh_dim_names or ())
+
+
+def _replica(model: nn.Module) -> nn.Module:
+    """A plain copy of a tensor-parallel model, every parameter whole, in the compute dtype.
+
+    Under TP, unsharding FSDP still leaves each block's matmuls split over the tp ranks, whose
+    collectives would tie the ranks' decode steps together. So the whole weights are gathered
+    (`full_tensor`: one collective per parameter, the same order on every rank) into a plain
+    model kept on `model` between calls, and generation runs on that."""
+    import torch
+
+    state = model._get_fsdp_state() if isinstance(model, FSDPModule) else None
+    dtype = (state._mp_policy.param_dtype if state is not None else None) or next(model.parameters()).dtype
+    rep = getattr(model, "_elastic_replica", None)
+    if rep is None:
+        with torch.device("meta"):
+            rep = type(model)(model.args, attention_backend=model.attention_backend)
+        device = next(model.parameters()).to_local().device
+        rep.to_empty(device=device)
+        rep.to(dtype)
+        rep.tie_weights()
+        rep.init_buffers()
+        rep.requires_grad_(False)
+        object.__setattr__(model, "_elastic_replica", rep)  # not a submodule: no FSDP, no state dict
+    mine = dict(rep.named_parameters())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            mine[name].copy_(full)
+    return rep
+
+
 @contextmanager
 def gathered_parameters(model: nn.Module) -> Iterator[nn.Module]:
     """Unshard every FSDP module of `model` for the duration of the block (collective on
-    entry; nothing collective inside; local resharding on exit). A no-op for plain models."""
+    entry; nothing collective inside; local resharding on exit). A no-op for plain models.
+    Under tensor parallelism: a plain whole copy instead (`_replica`); the caller must use the
+    module yielded."""
+    if _tensor_parallel(model):
+        yield _replica(model)
+        return
     mods = _fsdp_modules(model)
     saved = [_post_forward_settings(m) for m in mods]
     try:
@@ -77,5 +118,5 @@ def gathered_parameters(model: nn.Module) -> Iterator[nn.Module]:
 def fsdp_generate(model: nn.Module, prompts: List[List[int]], max_new_tokens: int, **kwargs: Any) -> List[Completion]:
     """`elastic.generation.generate.generate` on a sharded model; all ranks call it together,
     each with its own prompts."""
-    with gathered_parameters(model):
-        return generate(model, prompts, max_new_tokens, **kwargs)
+    with gathered_parameters(model) as whole:
+        return generate(whole, prompts, max_new_tokens, **kwargs)

@@ -40,12 +40,21 @@ class WorkerContext:
     # under tensor parallelism (elastic/train/mesh.py) the tp peers of one data-parallel rank
     # share its rank, read the same rows and must run the same forward passes.
     global_rank: int = -1
+    tp_rank: int = 0                 # this worker's place among its tp peers (0: the one that writes rows)
+    tp_comm: Optional[Comm] = None   # collectives over the tp peers (None without tensor parallelism)
 
     def __post_init__(self) -> None:
         if self.comm is None:
             self.comm = Comm(self.device)
         if self.global_rank < 0:
             self.global_rank = self.rank
+
+    def share_with_tp_peers(self, obj: Any) -> Any:
+        """`obj` of the first tp peer on every tp peer (itself without tensor parallelism): what
+        one peer fetched once (rewards from the service), the others use as is."""
+        if self.tp_comm is None:
+            return obj
+        return self.tp_comm.broadcast_object(obj, src=self.global_rank - self.tp_rank)
 
     @property
     def leader(self) -> bool:

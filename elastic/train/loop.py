@@ -27,7 +27,7 @@ from elastic.train.guard import StabilityGuard
 from elastic.train.job import Job, WorkerContext
 from elastic.train.metrics import MetricsWriter, init_wandb_async, peak_flops
 from elastic.train.optim import build_optimizer, build_scheduler
-from elastic.train.mesh import Layout, build_mesh, dp_group, layout_for
+from elastic.train.mesh import Layout, build_mesh, dp_group, layout_for, tp_group
 from elastic.train.parallelize import parallelize
 from elastic.train.profiling import StepProfiler
 from elastic.train.comm import Comm
@@ -230,6 +230,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
     # see the data-parallel rank and world, and sum loss units and tokens over their dp peers.
     layout = layout_of(cfg)
     dp_comm = Comm(comm.device, group=dp_group(layout)) if layout.tp > 1 else comm
+    tp_comm = Comm(comm.device, group=tp_group(layout)) if layout.tp > 1 else None
     dp_rank, dp_world = layout.dp_rank(rank), layout.dp
     if resolve_compile(t.compile, device):
         for block in model.layers:
@@ -254,7 +255,8 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
             load_initial_weights(model, cfg)  # model.init_from, if any (else the seeded init stands)
         job.init_aux(cfg)
     start_step, counters = state.step, state.counters
-    job.start(WorkerContext(cfg, dp_rank, dp_world, device, model, records_dir, config, dp_comm, global_rank=rank), state.job)
+    job.start(WorkerContext(cfg, dp_rank, dp_world, device, model, records_dir, config, dp_comm, global_rank=rank,
+                            tp_rank=rank % layout.tp, tp_comm=tp_comm), state.job)
     ups = job.updates_per_step  # optimizer updates per global step (GRPO: several per rollout)
     sched = build_scheduler(opt, t.warmup_steps * ups, t.steps * ups, t.min_lr_ratio)
     if state.scheduler:

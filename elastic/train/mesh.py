@@ -124,3 +124,13 @@ def dp_group(layout: Layout) -> Optional[dist.ProcessGroup]:
     groups = [[d * layout.tp + t for d in range(layout.dp)] for t in range(layout.tp)]
     mine, _ = dist.new_subgroups_by_enumeration(groups)
     return mine
+
+
+def tp_group(layout: Layout) -> Optional[dist.ProcessGroup]:
+    """The process group of this rank's tensor-parallel peers (consecutive ranks); None without
+    tensor parallelism. Collective to create, like `dp_group`."""
+    if layout.tp == 1 or not dist.is_initialized():
+        return None
+    groups = [[d * layout.tp + t for t in range(layout.tp)] for d in range(layout.dp)]
+    mine, _ = dist.new_subgroups_by_enumeration(groups)
+    return mine

@@ -40,20 +40,6 @@ def apply_activation_checkpointing(model: Transformer) -> None:
         model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
-def tp_unsupported(args, tp: int) -> Optional[str]:
-    """Why this model cannot be split over `tp` ranks (None: it can). Config checks call this
-    before any work starts (elastic/config/load.py)."""
-    if tp == 1:
-        return None
-    if args.n_heads % tp or args.n_kv_heads % tp:
-        return f"{args.n_heads} query and {args.n_kv_heads} key/value heads do not split over {tp} ranks"
-    if args.ffn_hidden % tp:
-        return f"ffn_hidden {args.ffn_hidden} does not split over {tp} ranks"
-    if args.qk_norm:
-        return "q/k norms (Qwen3) are shared by every head; their gradients under TP are not summed yet"
-    return None
-
-
 def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh) -> None:
     """The Megatron split of every block plus vocabulary-parallel embedding and output."""
     from torch.distributed.tensor import Replicate, Shard
@@ -63,7 +49,10 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh) -> None:
     tp = tp_mesh.size()
     plan = {
         # Vocabulary-sharded rows; the partial sums are reduce-scattered over the sequence.
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        # The residual stream stays a DTensor (use_local_output=False): it then knows its global
+        # length, so a sequence that tp does not divide (scoring passes, evaluation) shards
+        # unevenly and gathers back exactly.
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
         # The stream leaves the last block whole: the final norm and the jobs see plain tensors.
         f"layers.{len(model.layers) - 1}": PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate(),
                                                                use_local_output=True),
@@ -88,12 +77,12 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh) -> None:
             "attention.wq": ColwiseParallel(),
             "attention.wk": ColwiseParallel(),
             "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
             "ffn_norm": SequenceParallel(),
             "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
             "feed_forward.w1": ColwiseParallel(),
             "feed_forward.w3": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
         })
     if model.args.tie_embeddings:
         # The output shares the embedding's vocabulary-sharded weight: project the gathered

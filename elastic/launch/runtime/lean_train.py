@@ -90,10 +90,45 @@ else:
     LocalFixedScalingPolicy = None
 
 
+try:  # the elastic policy (Ray 2.5x/2.60)
+    from ray.train.v2._internal.execution.scaling_policy.elastic import ElasticScalingPolicy
+except ImportError:
+    ElasticScalingPolicy = None
+
+if ElasticScalingPolicy is not None:
+    class UnitElasticScalingPolicy(ElasticScalingPolicy):
+        """Elastic sizes in whole units of `unit` workers (`parallel.tp`): a group of 3 when tp
+        is 2 would hold a rank without its tensor-parallel peer. The workers the cluster can hold
+        are rounded down to a multiple of the unit (below min_workers the policy waits, as for
+        any shortage); each time that leaves workers out, one `layout_wait` event says so and
+        the console prints it."""
+
+        def __init__(self, scaling_config, unit: int, events: str = ""):
+            super().__init__(scaling_config)
+            self.unit, self.events, self._said = unit, events, None
+
+        def _count_possible_workers(self, reserved_resources) -> int:
+            n = super()._count_possible_workers(reserved_resources)
+            used = n - n % self.unit
+            if used != n and self.events and self._said != n:
+                import time
+
+                from elastic.records import append_record
+
+                self._said = n
+                append_record(self.events, {"event": "layout_wait", "time": time.time(), "possible": n,
+                                            "used": used, "unit": self.unit})
+            return used
+else:
+    UnitElasticScalingPolicy = None
+
+
 class LeanTorchTrainer(TorchTrainer):
     """TorchTrainer without the dataset manager (when it has no datasets)."""
 
     private = False
+    worker_unit = 1    # elastic sizes are multiples of this (parallel.tp): set by the driver
+    events_path = ""   # where the unit policy says what it left out
 
     def _create_default_callbacks(self):
         callbacks = super()._create_default_callbacks()
@@ -106,6 +141,8 @@ class LeanTorchTrainer(TorchTrainer):
         policy = kwargs.get("scaling_policy")
         if self.private and LocalFixedScalingPolicy is not None and type(policy) is FixedScalingPolicy:
             kwargs["scaling_policy"] = LocalFixedScalingPolicy(policy.scaling_config)
+        if self.worker_unit > 1 and UnitElasticScalingPolicy is not None and type(policy) is ElasticScalingPolicy:
+            kwargs["scaling_policy"] = UnitElasticScalingPolicy(policy.scaling_config, self.worker_unit, self.events_path)
         if _run_controller is None:  # another Ray: its own method (no abort on a stop)
             return super()._initialize_and_run_controller(**kwargs)
         return _run_controller(**kwargs)

@@ -177,12 +177,15 @@ class Progress:
         if kind == "start":
             self._starts += 1
             how = f"attention {e.get('attention_backend')}, {e.get('device')}, {e.get('param_dtype')}"
-            if e.get("mesh", "").startswith("HSDP"):  # only a layout a user asked for is worth a word
+            if e.get("mesh") and e["mesh"] != f"FSDP {e.get('world_size')} shards":  # a layout a user asked for
                 how += f", {e['mesh']}"
             if self._starts == 1 and not e.get("resumed_from"):
                 return f"{self.prefix} workers: {e.get('world_size')} started at step {e.get('step')} ({how})"
             verb = "started" if self._starts == 1 else "restarted"
             return f"{self.prefix} workers: {e.get('world_size')} {verb}, resuming at step {e.get('step')} ({how})"
+        if kind == "layout_wait":
+            return (f"{self.prefix} workers: {e.get('possible')} could run, {e.get('used')} will: elastic sizes are whole "
+                    f"groups of parallel.tp {e.get('unit')} (the rest wait for a full group)")
         if kind == "failure_decision":
             return f"{self.prefix} worker group failed; Ray Train decided: {e.get('decision')}"
         if kind == "controller_state" and e.get("error"):
