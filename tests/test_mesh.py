@@ -6,7 +6,7 @@ import pytest
 
 from elastic.config import ConfigError, from_dict
 from elastic.config.load import validate
-from elastic.train.mesh import layout_for
+from elastic.train.mesh import LayoutError, layout_for
 
 
 @pytest.mark.parametrize("world,asked,shape,names", [
@@ -26,14 +26,28 @@ def test_layout_of_a_world(world, asked, shape, names):
 
 def test_layout_says_what_it_is_and_why_it_has_fewer_replicas():
     assert layout_for(4).describe() == "FSDP 4 shards"
+    assert layout_for(8, 2, 2).describe() == "HSDP 2 replicas x 2 shards x TP 2"
+    assert layout_for(4, 1, 2).describe() == "FSDP 2 shards x TP 2"
     assert layout_for(4, 2).describe() == "HSDP 2 replicas x 2 shards"
-    assert layout_for(3, 2).describe() == "FSDP 3 shards (parallel.dp_replicate 2 does not divide 3 workers)"
+    assert layout_for(3, 2).describe() == "FSDP 3 shards (parallel.dp_replicate 2 does not divide 3 data-parallel ranks)"
     with pytest.raises(ValueError):
         layout_for(0, 1)
+    with pytest.raises(LayoutError):
+        layout_for(3, 1, 2)
+
+
+def test_tp_peers_are_consecutive_ranks_of_one_data_parallel_rank():
+    lay = layout_for(8, 2, 2)
+    assert (lay.shape, lay.names, lay.dp) == ((2, 2, 2), ("dp_replicate", "dp_shard", "tp"), 4)
+    assert [lay.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
 @pytest.mark.parametrize("parallel,scaling,key", [
     ({"dp_replicate": 0}, {}, "parallel.dp_replicate"),
+    ({"tp": 2}, {"min_workers": 3, "max_workers": 4}, "parallel.tp"),     # a group of 3 has a rank without its peer
+    ({"tp": 3}, {"min_workers": 3, "max_workers": 3}, "parallel.tp"),     # 4 heads do not split over 3
+    ({"tp": 0}, {}, "parallel.tp"),
+    ({"tp": 2, "dp_replicate": 2}, {"min_workers": 2, "max_workers": 2}, "parallel.dp_replicate"),
     ({"dp_replicate": 4}, {"min_workers": 2, "max_workers": 2}, "parallel.dp_replicate"),
     ({"dp_replicat": 2}, {}, "parallel.dp_replicat"),
 ])

@@ -206,3 +206,15 @@ def test_start_up_wait_on_a_terminal_is_one_line_redrawn_and_cleared_at_the_firs
     final = lines(out.getvalue())
     assert not any("waiting for" in ln for ln in final), final
     assert final[0] == "[elastic] ray: started" and final[-2].startswith("[elastic] ") and "1/2" in final[-2]
+
+
+def test_layout_lines_name_a_chosen_layout_and_a_left_out_worker(tmp_path):
+    p = Progress(str(tmp_path), total=10, stream=io.StringIO(), interval_s=3600)
+    line = p.event_line({"event": "start", "world_size": 4, "step": 0, "attention_backend": "sdpa_docs", "device": "cpu",
+                         "param_dtype": "float32", "mesh": "FSDP 2 shards x TP 2"})
+    assert line.endswith("(attention sdpa_docs, cpu, float32, FSDP 2 shards x TP 2)")
+    plain = p.event_line({"event": "start", "world_size": 2, "step": 3, "resumed_from": "x", "attention_backend": "sdpa_docs",
+                          "device": "cpu", "param_dtype": "float32", "mesh": "FSDP 2 shards"})
+    assert "FSDP" not in plain  # the default layout is not worth a word
+    wait = p.event_line({"event": "layout_wait", "possible": 5, "used": 4, "unit": 2})
+    assert wait == "[elastic] workers: 5 could run, 4 will: elastic sizes are whole groups of parallel.tp 2 (the rest wait for a full group)"

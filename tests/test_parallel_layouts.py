@@ -1,0 +1,53 @@
+"""Layouts in a real run (elastic/train/mesh.py, parallelize.py): a pretraining run at FSDP 2 x
+TP 2 (4 workers) trains like the 2-worker FSDP run, stops, and resumes at one worker (no
+tensor parallelism) from its checkpoint with the same losses and the same samples; and
+elastic sizes come in whole tensor-parallel groups.
+
+The step functions themselves (HSDP, TP with tied and untied output) are held to one process
+within 1e-5 in tests/test_fsdp_equivalence.py, and GRPO under TP in tests/test_grpo.py.
+"""
+
+import numpy as np
+from ray.train import ScalingConfig
+
+from elastic.config import load_config
+from elastic.launch.pretrain import run_pretraining
+from elastic.launch.runtime.lean_train import UnitElasticScalingPolicy
+from tests.helpers import ledger_by_step, make_text_corpus, read_jsonl, small_run_overrides
+
+STEPS, STOP = 6, 3
+TP4 = {"parallel.tp": 2, "scaling.min_workers": 4, "scaling.max_workers": 4, "scaling.cpus_per_worker": 0.5}
+ONE = {"scaling.min_workers": 1, "scaling.max_workers": 1}
+
+
+def test_tp_run_matches_fsdp_then_resumes_at_one_worker_with_the_same_losses(ray_local, tmp_path):
+    corpus = make_text_corpus(tmp_path / "corpus")
+    store = tmp_path / "runs"
+    run_pretraining(load_config(None, small_run_overrides(store, "a", corpus, STEPS)))
+    b1 = run_pretraining(load_config(None, small_run_overrides(store, "b", corpus, STEPS, **TP4, **{"train.until_step": STOP})))
+    assert b1.checkpoint.endswith(f"step_{STOP:08d}")
+    run_pretraining(load_config(None, small_run_overrides(store, "b", corpus, STEPS, **ONE)))
+
+    ma, mb = read_jsonl(store / "a" / "metrics.jsonl"), read_jsonl(store / "b" / "metrics.jsonl")
+    assert [r["step"] for r in mb] == list(range(1, STEPS + 1))
+    assert [r["world_size"] for r in mb] == [4] * STOP + [1] * (STEPS - STOP)
+    starts = [e for e in read_jsonl(store / "b" / "events.jsonl") if e["event"] == "start"]
+    assert [(e["step"], e["mesh"]) for e in starts] == [(0, "FSDP 2 shards x TP 2"), (STOP, "FSDP 1 shard")]
+    np.testing.assert_allclose([r["loss"] for r in mb], [r["loss"] for r in ma], rtol=1e-5)
+    assert [r["tokens"] for r in mb] == [r["tokens"] for r in ma]  # tp peers' tokens counted once
+    # One ledger record per data-parallel rank: the same global batches, step by step.
+    assert ledger_by_step(store / "b" / "ledger.jsonl") == ledger_by_step(store / "a" / "ledger.jsonl")
+
+
+def test_elastic_sizes_are_whole_tp_groups_and_a_left_out_worker_is_said(tmp_path):
+    """Ray Train's elastic policy, rounded down to groups of parallel.tp: 5 workers' worth of
+    resources start 4 (one `layout_wait` event, once), 3 start 2, 4 start 4."""
+    events = tmp_path / "events.jsonl"
+    policy = UnitElasticScalingPolicy(ScalingConfig(num_workers=(2, 6), resources_per_worker={"CPU": 1}), 2, str(events))
+    count = policy._count_possible_workers
+    assert count({"n1": {"CPU": 3.0}, "n2": {"CPU": 2.0}}) == 4
+    assert count({"n1": {"CPU": 3.0}, "n2": {"CPU": 2.0}}) == 4
+    assert count({"n1": {"CPU": 3.0}}) == 2
+    assert count({"n1": {"CPU": 4.0}}) == 4
+    said = read_jsonl(events)
+    assert [(e["possible"], e["used"], e["unit"]) for e in said] == [(5, 4, 2), (3, 2, 2)]
