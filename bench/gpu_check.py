@@ -284,30 +284,28 @@ def part_generation(smoke: bool, out_dir: str, presets: str = "125m,1b", batch: 
 
 
 # ---------------------------------------------------------------- memory
-def part_memory(device_gib: Optional[float]) -> Dict[str, Any]:
-    """Bytes per parameter of the state that lives through a step under FSDP2 mixed precision on
-    one device: fp32 parameters (4) + fp32 gradients (4) + AdamW moments (8) = 16 B, plus the
-    bf16 compute copy of the largest block while it runs; LoRA keeps the frozen base in bf16
-    (2 B) and trains adapters only. Activations come on top (seq x batch dependent)."""
-    from elastic.config.presets import PRESETS
-    from elastic.model import ModelArgs
+def part_memory(device_gib: Optional[float], seq_len: int = 4096) -> Dict[str, Any]:
+    """What one device holds per preset, from the memory model of elastic/plan/memory.py (each
+    term's formula there): full training at 1 GPU, activation checkpointing off and on, one
+    sequence of `seq_len` per micro-batch; `full_training_state_gib` is the 16 B/param state
+    alone (fp32 parameters, gradients, AdamW moments). LoRA keeps the frozen base in bf16
+    (2 B/param) and trains adapters only. `python -m elastic.plan` lists multi-GPU layouts."""
+    from elastic.plan.memory import GIB, SHAPES, VOCAB, LayoutSpec, footprint, shape_params
 
     out = {}
-    for name, p in PRESETS.items():
-        vocab = 128256 if name in ("1b", "8b") else 32000
-        a = ModelArgs(vocab_size=vocab, max_seq_len=4096, **{k: p[k] for k in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden")},
-                      tie_embeddings=p["tie_embeddings"])
-        d, L = a.dim, a.n_layers
-        block = 2 * d * a.n_heads * a.head_dim + 2 * d * a.n_kv_heads * a.head_dim + 3 * d * a.ffn_hidden + 2 * d
-        n = L * block + d + vocab * d * (1 if a.tie_embeddings else 2)
-        full = (16 * n + 2 * block) / 2**30
-        lora = 2 * n / 2**30
-        row = {"params": n, "vocab": vocab, "full_training_state_gib": round(full, 1), "lora_frozen_base_gib": round(lora, 1)}
+    for name in SHAPES:
+        s, vocab = SHAPES[name], VOCAB[name]
+        n = shape_params(s, vocab)["N"]
+        off = footprint(s, vocab, LayoutSpec(), seq_len, 1)
+        on = footprint(s, vocab, LayoutSpec(ac=True), seq_len, 1)
+        row = {"params": n, "vocab": vocab, "full_training_state_gib": round(off.parts["state"] / GIB, 1),
+               "full_step_gib": round(off.total / GIB, 1), "full_step_ac_gib": round(on.total / GIB, 1),
+               "lora_frozen_base_gib": round(2 * n / GIB, 1)}
         if device_gib:
-            row["full_fits_one_device"] = full < device_gib
-            row["lora_fits_one_device"] = lora < device_gib
+            row["full_fits_one_device"] = on.fits(device_gib * GIB)
+            row["lora_fits_one_device"] = 2 * n / GIB < device_gib
         out[name] = row
-    return {"device_gib": device_gib, "presets": out}
+    return {"device_gib": device_gib, "seq_len": seq_len, "presets": out}
 
 
 # ---------------------------------------------------------------- report
@@ -357,10 +355,12 @@ def markdown(res: Dict[str, Any]) -> str:
         lines += ["## Generation", "", "```"] + g.get("stdout_tail", []) + ["```", ""]
     m = res.get("memory")
     if m and "presets" in m:
-        lines += ["## What fits one device (estimate: 16 B/param full training, 2 B/param frozen LoRA base; no activations)", "",
-                  "| preset | params | vocab | full GiB | LoRA base GiB | full fits | LoRA fits |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        lines += [f"## What fits one device (elastic/plan/memory.py; seq {m.get('seq_len')}, micro-batch 1, bf16)", "",
+                  "| preset | params | vocab | state GiB (16 B/param) | step GiB | step GiB, act. ckpt | LoRA base GiB | full fits | LoRA fits |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for name, r in m["presets"].items():
-            lines.append(f"| {name} | {r['params'] / 1e9:.2f}B | {r['vocab']} | {r['full_training_state_gib']} | {r['lora_frozen_base_gib']} | "
+            lines.append(f"| {name} | {r['params'] / 1e9:.2f}B | {r['vocab']} | {r['full_training_state_gib']} | {r['full_step_gib']} | "
+                         f"{r['full_step_ac_gib']} | {r['lora_frozen_base_gib']} | "
                          f"{r.get('full_fits_one_device', '-')} | {r.get('lora_fits_one_device', '-')} |")
     return "\n".join(lines) + "\n"
 

@@ -1,0 +1,148 @@
+"""The memory model of one training step on one GPU, by layout (elastic/train/mesh.py).
+
+Bytes per GPU, each term with its formula (N parameters, B one block's parameters, E the
+embedding and output parameters, t = seq_len x micro_batch tokens, h dim, k key/value width
+n_kv_heads x head_dim, f ffn_hidden, V vocabulary, L layers, c the compute dtype's bytes):
+
+  state        16 N / (dp_shard x tp)      fp32 parameters 4 + fp32 gradients 4 + AdamW moments 8,
+                                           sharded by FSDP over dp_shard and by TP over tp
+                                           (HSDP replicas each hold a full sharded copy)
+  gathered     c (2 B + E) / tp            FSDP's compute-dtype copies: the running block, the
+                                           next one prefetched, the root's embeddings and output
+  block grads  4 B / tp                    one block's unsharded fp32 gradient before its
+                                           reduce-scatter
+  activations  c t (8 h + 2 k + 4 f + 4 d_h + H + 2) / tp per block, saved for backward
+                                           (d_h head_dim, H heads; element counts measured on
+                                           CPU, exactly: tests/test_plan.py), x L; with
+                                           activation checkpointing c t h / tp per block (its
+                                           input) x L, plus one block's full set while it is
+                                           recomputed
+  logits       t V (c + 4 + 4)             the logits, their fp32 upcast for the loss and its
+                                           gradient; whole on every tp rank (the output's
+                                           logits are gathered: loss-parallel is not built)
+
+plus a reserve of 10% and 1 GiB (CUDA context, allocator fragmentation, communication
+buffers). Sequence parallelism divides the activations by tp (each rank keeps T/tp positions
+of the norms and the residual stream); attention is assumed to keep no T x T matrix (flash,
+flex or the per-document backends). Pipeline parallelism is not built, so no layout here has
+it. The estimate is an upper bound of what FSDP2 holds at once, not a measurement on a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional
+
+from elastic.config.presets import PRESETS
+
+GIB = 2**30
+# Shapes the planner knows besides the presets (Llama 3.1 70B; its vocabulary below).
+SHAPES: Dict[str, Dict] = {
+    **PRESETS,
+    "70b": dict(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_hidden=28672, tie_embeddings=False),
+}
+VOCAB = {"tiny": 32000, "125m": 32000, "1b": 128256, "8b": 128256, "70b": 128256}
+RESERVE_FRAC, RESERVE_BYTES = 0.10, 1 * GIB
+
+
+@dataclass(frozen=True)
+class LayoutSpec:
+    """dp_replicate x dp_shard x tp GPUs; activation checkpointing on or off."""
+
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
+    ac: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.dp_replicate * self.dp_shard * self.tp
+
+
+@dataclass
+class Footprint:
+    layout: LayoutSpec
+    parts: Dict[str, float] = field(default_factory=dict)  # bytes per GPU, by term
+
+    @property
+    def total(self) -> float:
+        raw = sum(self.parts.values())
+        return raw * (1 + RESERVE_FRAC) + RESERVE_BYTES
+
+    def fits(self, gpu_bytes: float) -> bool:
+        return self.total <= gpu_bytes
+
+
+def shape_params(s: Dict, vocab: int) -> Dict[str, int]:
+    """N, B (one block), E (embeddings + output) of a shape (ModelArgs fields)."""
+    d, heads, kvh, f = s["dim"], s["n_heads"], s["n_kv_heads"], s["ffn_hidden"]
+    hd = s.get("head_dim") or d // heads
+    block = d * heads * hd * 2 + d * kvh * hd * 2 + 3 * d * f + 2 * d
+    emb = vocab * d * (1 if s.get("tie_embeddings", True) else 2)
+    return {"N": s["n_layers"] * block + emb + d, "B": block, "E": emb + d}
+
+
+def activation_elements_per_token(s: Dict) -> float:
+    """Elements one block saves for backward per token (the measured counts)."""
+    d, heads, kvh, f = s["dim"], s["n_heads"], s["n_kv_heads"], s["ffn_hidden"]
+    hd = s.get("head_dim") or d // heads
+    # q, k/v-sized, ffn-sized tensors; the RoPE cos/sin; per-head softmax statistics; the two
+    # norms' statistics (measured: tests/test_plan.py).
+    return 8 * d + 2 * kvh * hd + 4 * f + 4 * hd + heads + 2
+
+
+def footprint(s: Dict, vocab: int, layout: LayoutSpec, seq_len: int, micro_batch: int,
+              compute_bytes: int = 2) -> Footprint:
+    """Bytes per GPU of one training step at `layout` (module docstring: the terms)."""
+    p = shape_params(s, vocab)
+    tp, c, L = layout.tp, compute_bytes, s["n_layers"]
+    t = seq_len * micro_batch
+    block_act = c * t * activation_elements_per_token(s) / tp
+    if layout.ac:
+        acts = L * c * t * s["dim"] / tp + block_act
+    else:
+        acts = L * block_act
+    return Footprint(layout, {
+        "state": 16 * p["N"] / (layout.dp_shard * tp),
+        "gathered": c * (2 * p["B"] + p["E"]) / tp,
+        "block_grads": 4 * p["B"] / tp,
+        "activations": acts,
+        "logits": t * vocab * (c + 4 + 4),
+    })
+
+
+def _divisors(n: int) -> List[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layouts_for(s: Dict, gpus: int, max_tp: int = 8) -> Iterable[LayoutSpec]:
+    """Every layout of `gpus` GPUs: tp dividing the heads, key/value heads and ffn (at most
+    `max_tp`, one node), the rest FSDP or HSDP; each with activation checkpointing off and on."""
+    for tp in _divisors(gpus):
+        if tp > max_tp or s["n_heads"] % tp or s["n_kv_heads"] % tp or s["ffn_hidden"] % tp:
+            continue
+        dp = gpus // tp
+        for rep in _divisors(dp):
+            for ac in (False, True):
+                yield LayoutSpec(rep, dp // rep, tp, ac)
+
+
+def plan(s: Dict, vocab: int, gpus: int, gpu_gib: float, seq_len: int, micro_batch: int,
+         compute_bytes: int = 2, max_tp: int = 8) -> List[Footprint]:
+    """Every layout's footprint, those that fit first; among them the least sharding first
+    (fewer tp ranks, then fewer shards: less communication per step)."""
+    out = [footprint(s, vocab, lay, seq_len, micro_batch, compute_bytes) for lay in layouts_for(s, gpus, max_tp)]
+    gpu_bytes = gpu_gib * GIB
+    return sorted(out, key=lambda fp: (not fp.fits(gpu_bytes), fp.layout.tp, fp.layout.ac, fp.layout.dp_shard, fp.total))
+
+
+def table(rows: List[Footprint], gpu_gib: float, limit: Optional[int] = None) -> List[str]:
+    """Markdown rows: layout, each term and the total in GiB, fits."""
+    lines = ["| dp_replicate | dp_shard | tp | act. ckpt | state | gathered | block grads | activations | logits | total GiB | fits |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for fp in rows[:limit]:
+        L, q = fp.layout, {k: v / GIB for k, v in fp.parts.items()}
+        lines.append(f"| {L.dp_replicate} | {L.dp_shard} | {L.tp} | {'on' if L.ac else 'off'} | {q['state']:.1f} | "
+                     f"{q['gathered']:.1f} | {q['block_grads']:.1f} | {q['activations']:.1f} | {q['logits']:.1f} | "
+                     f"{fp.total / GIB:.1f} | {'yes' if fp.fits(gpu_gib * GIB) else 'no'} |")
+    return lines
