@@ -51,6 +51,7 @@ REGISTRY: Dict[str, List[str]] = {
     "-m elastic.report": ["tests/test_report_render.py::test_cli"],
     "-m elastic.reward": ["tests/test_reward_cli.py::test_cli_json_and_human"],
     "-m elastic.config": ["tests/test_config_reference.py::test_command_line_prints_the_reference"],
+    "-m elastic.plan": ["tests/test_plan.py::test_cli_lists_the_8b_layouts_that_fit_eight_80gb_gpus"],
     "ray job submit": ["tests/test_job_submit.py::test_submit_tiny_pretraining_succeeds_with_a_checkpoint"],
     "scripts/local_cluster.sh": ["tests/test_job_submit.py::test_submit_tiny_pretraining_succeeds_with_a_checkpoint"],
     "scripts/scale_trainers.sh": ["tests/test_scale_trainers.py::test_dry_run_changes_nothing_and_rayjob_is_resolved"],
