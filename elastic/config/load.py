@@ -384,8 +384,6 @@ def tp_unsupported(dims: Mapping[str, Any], tp: int) -> Optional[str]:
         return f"{dims['n_heads']} query and {dims.get('n_kv_heads', dims['n_heads'])} key/value heads do not split over {tp} ranks"
     if dims["ffn_hidden"] % tp:
         return f"model.ffn_hidden {dims['ffn_hidden']} does not split over {tp} ranks"
-    if dims.get("qk_norm"):
-        return "q/k norms (Qwen3) are shared by every head; summing their gradients over tp ranks is not built yet"
     return None
 
 

@@ -68,6 +68,12 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh) -> None:
     _replicated(model.norm, tp_mesh)
     if not split_output and not model.args.tie_embeddings:
         _replicated(model.output, tp_mesh)
+    if model.args.qk_norm:
+        # Qwen3's q/k norms: one [head_dim] weight shared by every head; each rank normalises its
+        # own heads ([B, T, heads/tp, head_dim]: Shard(2)), and the weight's gradient is summed.
+        for block in model.layers:
+            _replicated(block.attention.q_norm, tp_mesh, Shard(2))
+            _replicated(block.attention.k_norm, tp_mesh, Shard(2))
     for block in model.layers:
         parallelize_module(block, tp_mesh, {
             "attention_norm": SequenceParallel(),
@@ -91,12 +97,18 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh) -> None:
         parallelize_module(model, tp_mesh, {"output": _TiedColwise()})
 
 
-def _replicated(module: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
-    """`module` computes whole on every tp rank: Replicate weights, plain tensors in and out."""
+def _replicated(module: torch.nn.Module, tp_mesh: DeviceMesh, input_layout=None) -> None:
+    """`module`'s weights become Replicate DTensors on the tp axis; plain tensors in and out.
+
+    `input_layout` says what the plain input is: whole on every rank (Replicate, the default),
+    or this rank's part of it, e.g. Shard(2) for its heads. In the latter case the weight's
+    gradient is a partial sum per rank, and DTensor sums it over the tp ranks."""
     from torch.distributed.tensor import DTensor, Replicate, distribute_module
 
+    layout = input_layout if input_layout is not None else Replicate()
+
     def to_dtensor(_, inputs, mesh):
-        return tuple(DTensor.from_local(x, mesh, [Replicate()], run_check=False) if isinstance(x, torch.Tensor)
+        return tuple(DTensor.from_local(x, mesh, [layout], run_check=False) if isinstance(x, torch.Tensor)
                      and not isinstance(x, DTensor) else x for x in inputs)
 
     def to_local(_, out, mesh):
