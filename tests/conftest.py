@@ -40,6 +40,21 @@ def ray_local():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def small_run_6(ray_local, tmp_path_factory):
+    """(corpus, run directory) of the uninterrupted 6-step small run (helpers.small_run_overrides,
+    2 workers), run once per session: the reference tests/test_resume.py and
+    tests/test_parallel_layouts.py hold their stopped, resumed and re-laid-out runs to."""
+    from elastic.config import load_config
+    from elastic.launch.pretrain import run_pretraining
+    from tests.helpers import make_text_corpus, small_run_overrides
+
+    d = tmp_path_factory.mktemp("small6")
+    corpus = make_text_corpus(d / "corpus")
+    run_pretraining(load_config(None, small_run_overrides(d / "runs", "a", corpus, 6)))
+    return corpus, d / "runs" / "a"
+
+
 def pytest_report_header(config):
     """Say in every test log which sandbox isolation layers this machine provides."""
     try:

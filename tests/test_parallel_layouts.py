@@ -13,22 +13,21 @@ from ray.train import ScalingConfig
 from elastic.config import load_config
 from elastic.launch.pretrain import run_pretraining
 from elastic.launch.runtime.lean_train import UnitElasticScalingPolicy
-from tests.helpers import ledger_by_step, make_text_corpus, read_jsonl, small_run_overrides
+from tests.helpers import ledger_by_step, read_jsonl, small_run_overrides
 
 STEPS, STOP = 6, 3
 TP4 = {"parallel.tp": 2, "scaling.min_workers": 4, "scaling.max_workers": 4, "scaling.cpus_per_worker": 0.5}
 ONE = {"scaling.min_workers": 1, "scaling.max_workers": 1}
 
 
-def test_tp_run_matches_fsdp_then_resumes_at_one_worker_with_the_same_losses(ray_local, tmp_path):
-    corpus = make_text_corpus(tmp_path / "corpus")
+def test_tp_run_matches_fsdp_then_resumes_at_one_worker_with_the_same_losses(small_run_6, tmp_path):
+    corpus, a = small_run_6  # the uninterrupted 2-worker FSDP run (tests/conftest.py), STEPS steps
     store = tmp_path / "runs"
-    run_pretraining(load_config(None, small_run_overrides(store, "a", corpus, STEPS)))
     b1 = run_pretraining(load_config(None, small_run_overrides(store, "b", corpus, STEPS, **TP4, **{"train.until_step": STOP})))
     assert b1.checkpoint.endswith(f"step_{STOP:08d}")
     run_pretraining(load_config(None, small_run_overrides(store, "b", corpus, STEPS, **ONE)))
 
-    ma, mb = read_jsonl(store / "a" / "metrics.jsonl"), read_jsonl(store / "b" / "metrics.jsonl")
+    ma, mb = read_jsonl(a / "metrics.jsonl"), read_jsonl(store / "b" / "metrics.jsonl")
     assert [r["step"] for r in mb] == list(range(1, STEPS + 1))
     assert [r["world_size"] for r in mb] == [4] * STOP + [1] * (STEPS - STOP)
     starts = [e for e in read_jsonl(store / "b" / "events.jsonl") if e["event"] == "start"]
@@ -36,7 +35,7 @@ def test_tp_run_matches_fsdp_then_resumes_at_one_worker_with_the_same_losses(ray
     np.testing.assert_allclose([r["loss"] for r in mb], [r["loss"] for r in ma], rtol=1e-5)
     assert [r["tokens"] for r in mb] == [r["tokens"] for r in ma]  # tp peers' tokens counted once
     # One ledger record per data-parallel rank: the same global batches, step by step.
-    assert ledger_by_step(store / "b" / "ledger.jsonl") == ledger_by_step(store / "a" / "ledger.jsonl")
+    assert ledger_by_step(store / "b" / "ledger.jsonl") == ledger_by_step(a / "ledger.jsonl")
 
 
 def test_elastic_sizes_are_whole_tp_groups_and_a_left_out_worker_is_said(tmp_path):

@@ -119,11 +119,15 @@ class Comm:
         return parts
 
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
-        """Rank `src`'s `obj` on every rank."""
+        """Rank `src`'s `obj` on every rank; `src` is a rank of this Comm's group, like `rank`
+        (a data- or tensor-parallel group's first member is 0, whatever its global rank)."""
         if not self.active:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=src, group=self.group)
+        if self.group is None:
+            dist.broadcast_object_list(box, src=src)
+        else:
+            dist.broadcast_object_list(box, group=self.group, group_src=src)
         return box[0]
 
     def barrier(self) -> None:

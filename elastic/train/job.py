@@ -54,7 +54,7 @@ class WorkerContext:
         one peer fetched once (rewards from the service), the others use as is."""
         if self.tp_comm is None:
             return obj
-        return self.tp_comm.broadcast_object(obj, src=self.global_rank - self.tp_rank)
+        return self.tp_comm.broadcast_object(obj, src=0)
 
     @property
     def leader(self) -> bool:
