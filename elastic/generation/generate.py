@@ -71,11 +71,16 @@ def generate(model: nn.Module, prompts: List[List[int]], max_new_tokens: int, te
              top_p: float = 1.0, top_k: int = 0, stop_token_ids: Sequence[int] = (),
              seed: Union[int, Sequence[int], None] = None, use_cache: bool = True,
              on_finish: Optional[Callable[[int, Completion], None]] = None,
-             stop_sequences: Sequence[Sequence[int]] = (), max_batch: int = 256, mode: str = "auto") -> List[Completion]:
+             stop_sequences: Sequence[Sequence[int]] = (), max_batch: int = 256, mode: str = "auto",
+             draft=None, draft_tokens: int = 4, draft_ngram: int = 3, spec_stats=None) -> List[Completion]:
     """Generate up to `max_new_tokens` after each prompt; see the module docstring.
 
     `max_batch`: most rows decoded at once (continuous batching beyond it). `mode`: auto
-    (CUDA: compile, else eager), eager, fixed, graphs or compile (elastic/generation/decoder.py)."""
+    (CUDA: compile, else eager), eager, fixed, graphs or compile (elastic/generation/decoder.py).
+    `draft`: speculative decoding (elastic/generation/speculative.py): None (off), "ngram"
+    (prompt lookup, n-gram size `draft_ngram`), a draft model or its path; `draft_tokens`
+    proposed per round; `spec_stats` (a speculative.SpecStats) collects acceptance and speed.
+    It runs eagerly, also on CUDA (mode auto or eager; fixed/graphs/compile are refused)."""
     n = len(prompts)
     check_inputs(model, prompts, max_new_tokens, temperature, top_p, top_k)
     seqs = [[int(t) for t in q] for q in stop_sequences]
@@ -88,8 +93,16 @@ def generate(model: nn.Module, prompts: List[List[int]], max_new_tokens: int, te
         return out
     check_unsharded(model)
     seeds = [_int64(s) for s in row_seeds(seed, n)]
+    asked = mode
     mode = resolve_mode(os.environ.get(MODE_ENV, "auto") if mode == "auto" else mode, model_device(model))
     params = SamplingParams(float(temperature), int(top_k), float(top_p))
+    if draft is not None and use_cache:
+        from elastic.generation.speculative import generate_speculative, make_drafter
+
+        if asked not in ("auto", "eager"):
+            raise ValueError(f"generate: speculative decoding runs eagerly; mode {mode!r} needs draft=None")
+        return generate_speculative(model, make_drafter(draft, draft_ngram), prompts, seeds, max_new_tokens, params,
+                                    draft_tokens, stop_token_ids, seqs, on_finish, max_batch, out, spec_stats)
     capacity = max(len(p) for p in prompts) + max_new_tokens
     slots = min(n, max_batch)
     if not use_cache:
