@@ -31,6 +31,26 @@ status 1 otherwise); HF's agreement is reported (fraction of rows equal), as is 
   python bench/generate_throughput.py                      # CPU: tiny and 125m, batch 1, 4, 16
   python bench/generate_throughput.py --device cuda --dtype bf16 --presets 1b --batch 1,16,64 --new-tokens 64
   python bench/generate_throughput.py --smoke              # seconds; checks the script runs
+
+Speculative decoding (`--speculative`, elastic/generation/speculative.py): greedy, eager, on the
+prompts of the shipped python tasks (datasets/python-tasks/heldout.jsonl, the `prompt` field:
+signature + docstring), tokenized as UTF-8 bytes (ids 0-255; no tokenizer file needed). For each
+policy preset and batch size: tokens/s of plain generate vs generate(draft=...) for each
+`--drafts` entry (`ngram`: prompt lookup; a preset name: a randomly initialised model of that
+preset with the policy's vocabulary, i.e. an untrained draft), best of `--repeats` with the two
+sides alternating order each repeat; the acceptance rate (accepted / proposed drafts), tokens a
+row gains per policy forward, and whether the tokens equal plain greedy (they must, in fp32:
+exit status 1 otherwise).
+
+Caveat, measured: a randomly initialised preset with tied embeddings decodes greedily by echoing
+its last token (at init the residual stream is mostly the input embedding, and the tied output
+head scores that token highest), so policy and any draft agree on every token: acceptance 1, an
+upper bound on what drafting buys. `--untied` gives both models their own random output head:
+the policy's greedy text is then a pseudo-random walk, prompt lookup helps only where it cycles,
+and an untrained draft agrees with it about never (a lower bound). A trained (distilled) draft
+lies in between; none is shipped.
+
+  python bench/generate_throughput.py --speculative --threads 1 --presets 125m --drafts ngram,tiny --batch 1,4
 """
 
 from __future__ import annotations
@@ -58,8 +78,10 @@ DEFAULT_VOCAB = {"tiny": 2048, "125m": 32000, "1b": 128256, "8b": 128256}
 SYSTEMS = ("ours", "recompute", "reference", "hf")
 
 
-def build(preset: str, vocab: int, max_len: int, device: str, dtype: torch.dtype) -> Transformer:
+def build(preset: str, vocab: int, max_len: int, device: str, dtype: torch.dtype, untied: bool = False) -> Transformer:
     dims = dict(PRESETS[preset], vocab_size=vocab, max_seq_len=max_len)
+    if untied:
+        dims["tie_embeddings"] = False
     model = Transformer(ModelArgs(**dims))
     model.init_weights(seed=0)
     return model.to(device=device, dtype=dtype).eval()
@@ -167,6 +189,10 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--smoke", action="store_true", help="tiny, batch 1 and 2, 8 new tokens")
+    ap.add_argument("--speculative", action="store_true", help="plain vs speculative decoding (see the docstring)")
+    ap.add_argument("--drafts", default="ngram,tiny", help="--speculative: ngram and/or draft presets")
+    ap.add_argument("--draft-tokens", type=int, default=4, help="--speculative: tokens proposed per round")
+    ap.add_argument("--untied", action="store_true", help="--speculative: untied output heads (see the docstring)")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "generate_throughput.json"))
     a = ap.parse_args(argv)
     if a.smoke:
@@ -182,6 +208,8 @@ def main(argv=None) -> int:
     for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         os.environ.setdefault(var, os.path.join(scratch, var.lower()))
     try:
+        if a.speculative:
+            return _run_speculative(a, dtype)
         return _run(a, dtype, systems)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
@@ -247,6 +275,82 @@ def _run(a, dtype: torch.dtype, systems: list) -> int:
         json.dump({"environment": env, "settings": {"prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "repeats": a.repeats,
                                                     "systems": systems}, "results": rows}, f, indent=2)
     print(f"wrote {a.out}")
+    return 0 if exact_ok else 1
+
+
+def task_prompts(batch: int) -> list:
+    """The first `batch` prompts of the shipped python tasks' held-out split, as UTF-8 bytes."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "datasets", "python-tasks",
+                        "heldout.jsonl")
+    with open(path) as f:
+        texts = [json.loads(line)["prompt"] for line in f if line.strip()]
+    return [list(texts[i % len(texts)].encode()) for i in range(batch)]
+
+
+def _run_speculative(a, dtype: torch.dtype) -> int:
+    from elastic.generation.speculative import SpecStats
+
+    rows, exact_ok = [], True
+    print(f"device {a.device}, {a.dtype}, {'untied' if a.untied else 'tied'} output heads, greedy, eager, {a.new_tokens} new tokens, draft_tokens {a.draft_tokens}, "
+          f"python-tasks prompts as bytes, {torch.get_num_threads()} CPU threads")
+    print(f"{'policy':>6} {'draft':>6} {'batch':>5} {'plain tok/s':>12} {'spec tok/s':>11} {'spec/plain':>10} "
+          f"{'accept':>7} {'tok/fwd':>8}  same tokens")
+    for preset in a.presets.split(","):
+        vocab = a.vocab or DEFAULT_VOCAB[preset]
+        for batch in (int(b) for b in a.batch.split(",")):
+            prompts = task_prompts(batch)
+            max_len = max(len(p) for p in prompts) + a.new_tokens + a.draft_tokens + 2
+            model = build(preset, vocab, max_len, a.device, dtype, a.untied)
+            for dname in a.drafts.split(","):
+                draft = "ngram" if dname == "ngram" else build(dname, vocab, max_len, a.device, dtype, a.untied)
+
+                def plain():
+                    return [c.tokens for c in generate(model, prompts, a.new_tokens, mode="eager")], None
+
+                def spec():
+                    st = SpecStats()
+                    out = generate(model, prompts, a.new_tokens, draft=draft, draft_tokens=a.draft_tokens, spec_stats=st)
+                    return [c.tokens for c in out], st
+
+                plain()
+                spec()  # warm-up
+                best, toks, stats = {"plain": float("inf"), "spec": float("inf")}, {}, None
+                for r in range(a.repeats):
+                    order = (("plain", plain), ("spec", spec)) if r % 2 == 0 else (("spec", spec), ("plain", plain))
+                    for name, fn in order:
+                        _sync(a.device)
+                        t0 = time.perf_counter()
+                        toks[name], st = fn()
+                        _sync(a.device)
+                        best[name] = min(best[name], time.perf_counter() - t0)
+                        stats = st or stats
+                n = batch * a.new_tokens
+                tps = {k: n / v for k, v in best.items()}
+                same = _agree(toks["plain"], toks["spec"])
+                exact_ok &= a.dtype != "fp32" or same == 1.0
+                row = {"policy": preset, "draft": dname, "vocab": vocab, "batch": batch, "new_tokens_per_row": a.new_tokens,
+                       "draft_tokens": a.draft_tokens, "seconds": best, "tokens_per_s": tps,
+                       "spec_over_plain": tps["spec"] / tps["plain"], "acceptance_rate": stats.acceptance_rate,
+                       "tokens_per_forward": stats.tokens_per_round, "proposed": stats.proposed,
+                       "accepted": stats.accepted, "same_tokens_fraction": same}
+                rows.append(row)
+                print(f"{preset:>6} {dname:>6} {batch:>5} {tps['plain']:>12.1f} {tps['spec']:>11.1f} "
+                      f"{tps['spec'] / tps['plain']:>9.2f}x {stats.acceptance_rate:>7.2f} {stats.tokens_per_round:>8.2f}  "
+                      f"{same:.0%}", flush=True)
+                del draft
+            del model
+    print(f"tok/s = batch x {a.new_tokens} generated tokens / wall seconds of the call (prefill included), best of "
+          f"{a.repeats}, the two sides alternating; accept = accepted / proposed drafts; tok/fwd = tokens a row gains "
+          "per policy forward (1 without drafting)")
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    out = a.out.replace("generate_throughput.json", "generate_speculative.json")
+    with open(out, "w") as f:
+        json.dump({"environment": {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": a.device,
+                                   "dtype": a.dtype, "cpu_count": os.cpu_count(), "untied": a.untied},
+                   "settings": {"new_tokens": a.new_tokens, "repeats": a.repeats, "draft_tokens": a.draft_tokens,
+                                "prompts": "datasets/python-tasks/heldout.jsonl prompt, UTF-8 bytes"},
+                   "results": rows}, f, indent=2)
+    print(f"wrote {out}")
     return 0 if exact_ok else 1
 
 

@@ -4,7 +4,7 @@ Exactness: greedy output with prompt-lookup drafting, with a small draft model a
 policy as its own draft is token for token the engine's plain greedy output (continuous
 batching, stop tokens), log-probabilities within 1e-5. Distribution: with sampling (temperature,
 top-k) the joint distribution of the first three tokens matches the policy's, computed exactly
-by enumerating every sequence (chi-square over 20,000 seeds), for prompt lookup, a good draft
+by enumerating every sequence (chi-square over 12,000 seeds), for prompt lookup, a good draft
 and a deliberately bad one. The policy as its own draft accepts every draft.
 """
 
@@ -41,6 +41,7 @@ def test_lookup_proposes_what_followed_the_latest_match():
     assert lookup([1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3], 2, 3) == [7, 1]
     assert lookup([1, 2, 3, 4, 5, 2], 3, 3) == [3, 4, 5]   # falls back to a 1-gram
     assert lookup([1, 2, 3], 3, 2) == []
+    assert lookup([5, 5, 5, 5, 5], 3, 2) == [5, 5, 5]   # a loop: the match with k tokens after it
 
 
 @pytest.mark.parametrize("draft", ["ngram", "small", "self"])
@@ -70,9 +71,9 @@ def _joint(model, prompt, params, n_new=3):
 
 @pytest.mark.parametrize("draft", ["ngram", "good", "bad"])
 def test_sampling_keeps_the_policy_distribution(draft):
-    """20,000 seeds, one prompt: the first three tokens' joint frequencies match the policy's
+    """12,000 seeds, one prompt: the first three tokens' joint frequencies match the policy's
     exact filtered distribution (chi-square, p ~ 1e-4); the bad draft is peaked elsewhere."""
-    V, n, params = 4, 20000, (1.2, 3, 1.0)
+    V, n, params = 4, 12000, (1.2, 3, 1.0)
     pol = _model(11, vocab=V, dim=16, layers=1, scale=2.0)
     d = {"ngram": "ngram", "good": _model(12, vocab=V, dim=16, layers=1, scale=2.0),
          "bad": _model(13, vocab=V, dim=16, layers=1, scale=12.0)}[draft]
@@ -103,3 +104,15 @@ def test_sampling_is_a_function_of_the_seed_and_the_self_draft_accepts_all(polic
     b = generate(policy, PROMPTS[::-1], 24, **{**kw, "seed": [7, 6, 5, 4]})
     assert [c.tokens for c in a] == [c.tokens for c in b[::-1]]
     assert stats.acceptance_rate > 0.98
+
+
+@pytest.mark.parametrize("override, ok", [("generation.draft=ngram", True), ("generation.draft=/no/such/dir", False),
+                                          ("generation.draft_tokens=0", False), ("generation.draft_ngram=0", False)])
+def test_generation_config_is_validated(override, ok):
+    from elastic.config import ConfigError, load_config
+
+    if ok:
+        assert load_config(None, [override], job="grpo").generation.draft == "ngram"
+        return
+    with pytest.raises(ConfigError, match=r"^generation\.draft"):
+        load_config(None, [override], job="grpo")

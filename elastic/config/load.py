@@ -234,6 +234,7 @@ def _validate_rl(cfg: Config) -> None:
                f"below rl.kl_target would make the coefficient <= 0; rl.kl_horizon must be at least {n // 5 + 1}")
         _check(cfg.model.lora.rank == 0, "model.lora.rank", "PPO with LoRA is not supported yet (the critic is a full model)")
     _validate_rollout(rl)
+    _validate_generation(cfg.generation)
     _check(rl.prompts_per_step >= 1, "rl.prompts_per_step", f"must be >= 1, got {rl.prompts_per_step}")
     _check(rl.max_new_tokens >= 1, "rl.max_new_tokens", f"must be >= 1, got {rl.max_new_tokens}")
     _check(rl.rollout_batch >= 1, "rl.rollout_batch", f"must be >= 1, got {rl.rollout_batch}")
@@ -291,6 +292,13 @@ def _validate_rl_tasks(cfg: Config) -> None:
     _check(rw.function_timeout_s > 0, "reward.function_timeout_s", f"must be > 0, got {rw.function_timeout_s}")
     _check(rw.python_time_limit_s > 0, "reward.python_time_limit_s", f"must be > 0, got {rw.python_time_limit_s}")
     _check(rw.python_memory_mb >= 32, "reward.python_memory_mb", f"must be >= 32, got {rw.python_memory_mb}")
+
+
+def _validate_generation(g) -> None:
+    _check(g.draft in ("none", "ngram") or os.path.isdir(g.draft), "generation.draft",
+           f"must be none, ngram or an existing model directory (Hugging Face or checkpoint step), got {g.draft!r}")
+    _check(g.draft_tokens >= 1, "generation.draft_tokens", f"must be >= 1, got {g.draft_tokens}")
+    _check(g.draft_ngram >= 1, "generation.draft_ngram", f"must be >= 1, got {g.draft_ngram}")
 
 
 def _validate_rollout(rl) -> None:

@@ -259,6 +259,23 @@ class CheckpointSection:
 
 
 @dataclass
+class GenerationSection:
+    """Speculative decoding in the generation engine (elastic/generation/speculative.py,
+    docs/generation.md) for GRPO's colocated rollouts and held-out evaluation: a drafter proposes
+    `draft_tokens` tokens per row, the policy verifies them in one forward. Greedy output is
+    unchanged token for token; sampled output keeps the policy's distribution (other draws)."""
+
+    # none: off; ngram: prompt lookup in the row's own prompt + completion (no model); otherwise
+    # a Hugging Face directory or an elastic checkpoint step directory of a smaller model with
+    # the policy's vocabulary (loaded on each worker).
+    draft: str = "none"
+    # Tokens proposed per row per round (a round emits 1 to draft_tokens + 1 tokens).
+    draft_tokens: int = 4
+    # ngram: the longest n-gram matched (then shorter ones down to 1).
+    draft_ngram: int = 3
+
+
+@dataclass
 class WandbSection:
     # auto = online when WANDB_API_KEY is set, offline otherwise; disabled turns it off.
     mode: str = "auto"
@@ -701,6 +718,7 @@ class Config:
     wandb: WandbSection = field(default_factory=WandbSection)
     reward: RewardSection = field(default_factory=RewardSection)
     rl: RLSection = field(default_factory=RLSection)
+    generation: GenerationSection = field(default_factory=GenerationSection)
     dpo: DPOSection = field(default_factory=DPOSection)
     reward_model: RewardModelSection = field(default_factory=RewardModelSection)
     curate: CurateSection = field(default_factory=CurateSection)

@@ -2,8 +2,8 @@
 tokens of each row for the policy to verify in one forward.
 
 * `NgramDrafter` (prompt lookup, no model): find the most recent earlier occurrence of the row's
-  last n tokens (n = `ngram` down to 1) in its prompt + generated context and propose the (up
-  to) k tokens that followed it. No match: no proposal (the round emits one policy token). Its
+  last n tokens (n = `ngram` down to 1) in its prompt + generated context that k tokens follow
+  (else the one most tokens follow) and propose those tokens. No match: no proposal (the round emits one policy token). Its
   proposal distribution is a point mass (q = None).
 * `ModelDrafter` (a smaller plain `Transformer` with the policy's vocabulary): its own static
   KV cache, one slot per policy slot; it samples k tokens autoregressively with the same
@@ -45,14 +45,20 @@ def draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def lookup(ctx: List[int], k: int, ngram: int) -> List[int]:
-    """Prompt lookup: the (up to k) tokens after the most recent earlier occurrence of ctx's last
-    n tokens, for n = ngram down to 1; [] when none occurs."""
+    """Prompt lookup: the k tokens after the most recent earlier occurrence of ctx's last n tokens
+    that has k tokens after it (else the occurrence with the most tokens after it: a match close
+    to the end, as in a repeating loop, has fewer), for n = ngram down to 1; [] when none occurs."""
     L = len(ctx)
     for n in range(min(ngram, L - 1), 0, -1):
-        tail, last = ctx[L - n:], ctx[-1]
+        tail, last, best = ctx[L - n:], ctx[-1], []
         for i in range(L - n - 1, -1, -1):  # the occurrence must end before the tail's last token
             if ctx[i + n - 1] == last and ctx[i:i + n] == tail:
-                return ctx[i + n:i + n + k]
+                follow = ctx[i + n:i + n + k]
+                if len(follow) == k:
+                    return follow
+                best = follow if len(follow) > len(best) else best
+        if best:
+            return best
     return []
 
 
@@ -99,8 +105,8 @@ class ModelDrafter:
 
     def start(self, slots: int, capacity: int, device: torch.device) -> None:
         a = self.model.args
-        if model_device(self.model) != device:
-            raise ValueError(f"ModelDrafter: the draft model is on {model_device(self.model)}, the policy on {device}")
+        device = model_device(self.model) if model_device(self.model).type == device.type else device
+        self.model.to(device)  # no-op when already there
         self.device = device
         self.cache = StaticKVCache(a.n_layers, slots, a.n_kv_heads, capacity, a.head_dim,
                                    self.model.tok_embeddings.weight.dtype, device)

@@ -302,9 +302,10 @@ class GRPOJob(Job):
             self.reward.submit([(r.key, r.problem, decode_text(self.tok, r.tokens))], wait=False)
             submitted.add(i)
 
+        spec = self._draft_kwargs()
         outs = fsdp_generate(self.ctx.model, [r.prompt for r in rows], rl.max_new_tokens, temperature=rl.temperature,
                              top_p=rl.top_p, top_k=rl.top_k, stop_token_ids=[self.eos_id], seed=seeds, on_finish=on_finish,
-                             max_batch=rl.rollout_batch)
+                             max_batch=rl.rollout_batch, **spec)
         for i, (r, c) in enumerate(zip(rows, outs)):
             if i not in submitted:
                 on_finish(i, c)
@@ -317,7 +318,29 @@ class GRPOJob(Job):
             # report names it: usually the reward actors on the same machine).
             self._metrics["generate_cpu_frac"] = (time.process_time() - c0) / (gen_s * torch.get_num_threads())
         self._metrics["_gen_tokens"] = sum(len(r.tokens) for r in rows)
+        if spec:  # this rank's speculative decoding: accepted / proposed drafts, tokens per policy forward
+            st = spec["spec_stats"]
+            self._metrics["spec_acceptance_rate"] = st.acceptance_rate
+            self._metrics["spec_tokens_per_forward"] = st.tokens_per_round
         return rows
+
+    def _draft_kwargs(self) -> Dict[str, Any]:
+        """generate()'s speculative-decoding arguments from the `generation` section ({} when off);
+        a draft model directory is loaded once, on this worker's device."""
+        g = self.ctx.cfg.generation
+        if g.draft == "none":
+            return {}
+        draft: Any = g.draft
+        if draft != "ngram":
+            if getattr(self, "_draft_model", None) is None:
+                from elastic.generation.speculative import load_draft
+
+                self._draft_model = load_draft(g.draft, device=self.ctx.device,
+                                               dtype=next(self.ctx.model.parameters()).dtype)
+            draft = self._draft_model
+        from elastic.generation.speculative import SpecStats
+
+        return dict(draft=draft, draft_tokens=g.draft_tokens, draft_ngram=g.draft_ngram, spec_stats=SpecStats())
 
     def _take(self, step: int, rows: List[Rollout]) -> List[Rollout]:
         """Disaggregated: publish this step's version (sync steps), then wait for this rank's
@@ -546,12 +569,14 @@ class GRPOJob(Job):
         mine = items[ctx.rank::ctx.world_size]
         if n == 1:
             outs = fsdp_generate(ctx.model, [self.prompt_tokens(t) for t, _ in mine], rl.max_new_tokens,
-                                 temperature=0.0, stop_token_ids=[self.eos_id], max_batch=rl.rollout_batch)
+                                 temperature=0.0, stop_token_ids=[self.eos_id], max_batch=rl.rollout_batch,
+                                 **self._draft_kwargs())
         else:
             seeds = [derive_seed(ctx.cfg.run.seed, "eval", step, self.heldout.index(t), j) for t, j in mine]
             outs = fsdp_generate(ctx.model, [self.prompt_tokens(t) for t, _ in mine], rl.max_new_tokens,
                                  temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
-                                 stop_token_ids=[self.eos_id], seed=seeds, max_batch=rl.rollout_batch)
+                                 stop_token_ids=[self.eos_id], seed=seeds, max_batch=rl.rollout_batch,
+                                 **self._draft_kwargs())
         self.count_forward(sum(len(self.prompt_tokens(t)) + len(o.tokens) for (t, _), o in zip(mine, outs)))
         keys = [f"{self.run_name}:eval{step}:{t}:{j}" for t, j in mine]
         texts = [decode_text(self.tok, o.tokens) for o in outs]
