@@ -42,12 +42,12 @@ sides alternating order each repeat; the acceptance rate (accepted / proposed dr
 row gains per policy forward, and whether the tokens equal plain greedy (they must, in fp32:
 exit status 1 otherwise).
 
-Caveat, measured: a randomly initialised preset with tied embeddings decodes greedily by echoing
-its last token (at init the residual stream is mostly the input embedding, and the tied output
-head scores that token highest), so policy and any draft agree on every token: acceptance 1, an
-upper bound on what drafting buys. `--untied` gives both models their own random output head:
-the policy's greedy text is then a pseudo-random walk, prompt lookup helps only where it cycles,
-and an untrained draft agrees with it about never (a lower bound). A trained (distilled) draft
+Caveat, seen: a randomly initialised preset with tied embeddings decodes greedily by repeating
+its last token after the first, and so does a random draft, so policy and any draft agree on
+every token: acceptance 1, an upper bound on what drafting buys. `--untied` gives both models
+their own random output head: the policy's greedy text then falls into short shifting cycles,
+which prompt lookup partly catches, and an untrained draft agrees with it about never (a lower
+bound). A trained (distilled) draft
 lies in between; none is shipped.
 
   python bench/generate_throughput.py --speculative --threads 1 --presets 125m --drafts ngram,tiny --batch 1,4
@@ -343,7 +343,7 @@ def _run_speculative(a, dtype: torch.dtype) -> int:
           f"{a.repeats}, the two sides alternating; accept = accepted / proposed drafts; tok/fwd = tokens a row gains "
           "per policy forward (1 without drafting)")
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    out = a.out.replace("generate_throughput.json", "generate_speculative.json")
+    out = a.out.replace("generate_throughput.json", "generate_speculative_untied.json" if a.untied else "generate_speculative.json")
     with open(out, "w") as f:
         json.dump({"environment": {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": a.device,
                                    "dtype": a.dtype, "cpu_count": os.cpu_count(), "untied": a.untied},

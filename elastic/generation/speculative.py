@@ -172,6 +172,9 @@ class _Spec:
         self.cache = StaticKVCache(a.n_layers, self.slots, a.n_kv_heads, capacity, a.head_dim,
                                    model.tok_embeddings.weight.dtype, self.dev)
         self.rope = model.rope_table(self.dev, capacity)
+        dm = getattr(drafter, "model", None)
+        if dm is not None and dm.args.vocab_size != a.vocab_size:
+            raise ValueError(f"generate: the draft model's vocabulary ({dm.args.vocab_size}) is not the policy's ({a.vocab_size})")
         drafter.start(self.slots, capacity, self.dev)
         self.queue = deque(range(len(prompts)))
         self.row: List[Optional[int]] = [None] * self.slots  # prompt index in each slot
