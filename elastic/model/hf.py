@@ -254,6 +254,10 @@ def checkpoint_state(step_dir: str, args: ModelArgs, merge_lora: bool = True) ->
         from elastic.model.lora import LoRAConfig, merge_state
 
         base = base_state(info["base"], args)
+        if info.get("quantize_base") == "nf4":  # QLoRA: the adapters belong to the base's NF4 round trip
+            from elastic.model.quantize import block_weight_names, roundtrip_state
+
+            base = roundtrip_state(base, block_weight_names(base))
         state = merge_state(base, state, LoRAConfig.from_section(info).scaling) if merge_lora else {**base, **state}
     if args.tie_embeddings:
         state.pop("output.weight", None)
