@@ -37,10 +37,11 @@ _nf4 = None
 
 def _lib():
     """torchao's NF4 module, imported on first use (its import logs that optional CUDA kernels
-    are missing on CPU machines: those lines are silenced, they do not concern NF4)."""
+    and Triton are missing on CPU machines, and torch warns about an Enum it registers: those
+    lines are silenced, they do not concern NF4)."""
     global _nf4
     if _nf4 is None:
-        quiet = [logging.getLogger(n) for n in ("torchao", "root")]
+        quiet = [logging.getLogger(n) for n in ("torchao", "torch.utils._pytree")]
         levels = [lg.level for lg in quiet]
         for lg in quiet:
             lg.setLevel(logging.ERROR)
@@ -154,3 +155,11 @@ def block_weight_names(state: Dict[str, torch.Tensor]) -> List[str]:
     """The block linear weights of a full state dict (`layers.N.<attention|feed_forward>.<w>.weight`)."""
     return [k for k in state if k.startswith("layers.") and k.endswith(".weight") and k.split(".")[-2].startswith("w")
             and state[k].dim() == 2]
+
+
+def stored_bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor holds: an NF4 tensor's codes, scalers and codebook; else numel × element size."""
+    if is_nf4(t):
+        return sum(getattr(t, a).numel() * getattr(t, a).element_size()
+                   for a in ("quantized_data", "quantized_scalers", "quantization_factor", "scaler_mean", "nf4"))
+    return t.numel() * t.element_size()
