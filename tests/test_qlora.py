@@ -29,6 +29,8 @@ def test_config_needs_lora():
         load_config(None, ["model.quantize_base=nf4"])
     with pytest.raises(ConfigError, match="model.quantize_base: unknown 'int4'"):
         load_config(None, ["model.quantize_base=int4", "model.lora.rank=4"])
+    with pytest.raises(ConfigError, match="dpo.reference: precomputed scores the unquantized base"):
+        load_config(None, ["model.quantize_base=nf4", "model.lora.rank=4", "dpo.reference=precomputed"])
     assert load_config(None, ["model.quantize_base=nf4", "model.lora.rank=4"]).model.quantize_base == "nf4"
     from elastic.config.load import QUANTIZE_BASE
     from elastic.model import quantize

@@ -328,6 +328,8 @@ def _validate_lora(cfg: Config) -> None:
     _check(q in QUANTIZE_BASE, "model.quantize_base", f"unknown {q!r} (known: {', '.join(QUANTIZE_BASE)})")
     _check(q == "none" or lo.rank > 0, "model.quantize_base",
            f"{q} quantizes the frozen base of LoRA: it needs model.lora.rank > 0 (QLoRA)")
+    _check(q == "none" or cfg.dpo.reference != "precomputed", "dpo.reference",
+           f"precomputed scores the unquantized base; under model.quantize_base {q} use model (the policy with its adapters off)")
 
 
 def _validate_dpo(cfg: Config) -> None:

@@ -3,17 +3,21 @@
 The weights of every linear layer inside the transformer blocks (q k v o, gate up down) are
 stored as 4-bit NormalFloat codes in blocks of 64 with double quantization (each block's absmax
 quantized to int8 in blocks of up to 256), as in QLoRA (Dettmers et al. 2023). Embeddings,
-norms and the output head stay in their dtype, as in QLoRA. The forward dequantizes the weight
+norms and the output head stay in their dtype. The forward dequantizes the weight
 to the input's dtype (bf16 on GPU, fp32 on CPU) just before the matmul, and again in backward
 (torchao's `linear_nf4` saves the 4-bit weight, not a dequantized copy). The base never trains.
 
 Why torchao (not bitsandbytes): it is plain PyTorch (runs wherever torch runs, CPU included),
 its tensor is a `torch.Tensor` subclass that `nn.Linear`'s `F.linear` dispatches on, and it is
-what torchtune uses for QLoRA under FSDP2. bitsandbytes + PEFT is the test reference
-(tests/test_qlora.py). The quantized values (codes, block absmax) match bitsandbytes'; the
-codebook is torchao's 4-decimal one and its double quantization differs from bitsandbytes'
-(int8 absmax after subtracting the mean, vs bnb's dynamic 8-bit map), so dequantized weights of
-the two libraries differ in the last digits.
+what torchtune uses for QLoRA. bitsandbytes + PEFT is the test reference (tests/test_qlora.py):
+the block absmax equals bitsandbytes' bit for bit and so do the 4-bit codes, except for values
+within 2e-5 of a code boundary (torchao's codebook is bnb's rounded to 4 decimals); the double
+quantizations differ (torchao: int8 absmax after subtracting their mean; bnb: its dynamic 8-bit
+map), so the two libraries' dequantized weights differ by up to about 1% of a block's absmax.
+
+Under FSDP2 (elastic/train) these parameters are left out of sharding: every rank holds the
+whole 4-bit base. Codes are always computed from a whole weight (`param.copy_(full)`), so they
+do not depend on the world size.
 
 One door: :func:`quantize_base` (a model's block linears → NF4 parameters); :func:`to_nf4`,
 :func:`dequantize` and :func:`nf4_roundtrip` for export and tests. torchao is imported only
@@ -110,11 +114,6 @@ def base_linears(model: nn.Module) -> Iterable[tuple[str, nn.Linear]]:
     for name, m in model.named_modules():
         if isinstance(m, nn.Linear) and (name.startswith("layers.") or ".layers." in name):
             yield name, m
-
-
-def quantized_weight_names(model: nn.Module) -> List[str]:
-    """State-dict names of the weights `quantize_base` stores in NF4."""
-    return [f"{n}.weight".replace("_checkpoint_wrapped_module.", "") for n, _ in base_linears(model)]
 
 
 def quantize_base(model: nn.Module, device: torch.device | str | None = None) -> Set[nn.Parameter]:
