@@ -8,7 +8,7 @@
   differ (torchao: int8 absmax after subtracting their mean; bnb: its dynamic 8-bit map).
 - A QLoRA step against PEFT + bitsandbytes on the same weights: see
   test_qlora_step_matches_peft_bitsandbytes for the three references and their tolerances.
-- Through the trainer (2 FSDP workers over gloo, then resumed at 1): checkpoints hold the adapters
+- Through the trainer (2 FSDP workers over gloo for a step, then resumed at 1): checkpoints hold the adapters
   only and record `quantize_base`; the merged export (the base's NF4 round trip + adapters) and
   the PEFT export give the logits of our QLoRA model.
 """
@@ -36,6 +36,25 @@ def test_config_needs_lora():
     from elastic.model import quantize
 
     assert QUANTIZE_BASE == quantize.QUANTIZE_BASE
+
+
+def test_build_model_quantizes_block_linears_only():
+    """The single-process build: block linears in NF4 (frozen), embeddings/norms/head as they
+    were; forward and backward run and only the adapters get gradients."""
+    from elastic.model.quantize import dequantize, is_nf4
+    from elastic.train.loop import build_model
+
+    cfg = load_config(None, ["model.quantize_base=nf4", "model.lora.rank=4", "data.vocab_size=320", "data.seq_len=32"])
+    model, _, _ = build_model(cfg, torch.device("cpu"))
+    nf4 = {n for n, p in model.named_parameters() if is_nf4(p)}
+    assert nf4 == {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n.startswith("layers.")}
+    assert len(nf4) == 7 * len(model.layers)
+    assert not is_nf4(model.tok_embeddings.weight) and not is_nf4(model.output.weight)
+    w = model.layers[0].attention.wq.weight
+    assert not w.requires_grad and dequantize(w).shape == w.shape
+    model(torch.randint(0, 320, (2, 16))).float().square().mean().backward()
+    assert {n for n, p in model.named_parameters() if p.grad is not None} == \
+        {n for n, _ in model.named_parameters() if n.endswith((".lora_A", ".lora_B"))}
 
 
 def test_nf4_matches_bitsandbytes_bit_for_bit():
@@ -194,7 +213,7 @@ def _metadata_keys(step_dir):
 
 
 def test_qlora_sft_two_workers_resume_and_export(ray_local, tmp_path):
-    """2 FSDP workers (gloo) for 2 steps, resumed at 1 worker for the 3rd; then both exports."""
+    """2 FSDP workers (gloo) for a step, resumed at 1 worker for the 2nd; then both exports."""
     import transformers
 
     from elastic.launch.pretrain import run_pretraining
@@ -209,18 +228,18 @@ def test_qlora_sft_two_workers_resume_and_export(ray_local, tmp_path):
     store = tmp_path / "runs"
     data = _write(tmp_path / "sft", _rows(16))
     o = {"run.storage_path": str(store), "run.name": "qlora", "model.init_from": str(base), "data.source": str(data),
-         "data.seq_len": 128, "train.steps": 3, "train.global_batch_size": 4, "train.micro_batch_size": 2, "train.lr": 1e-2,
+         "data.seq_len": 128, "train.steps": 2, "train.global_batch_size": 4, "train.micro_batch_size": 2, "train.lr": 1e-2,
          "train.warmup_steps": 0, "checkpoint.every_steps": 1, "wandb.mode": "disabled", "eval.every_steps": 0,
          "model.quantize_base": "nf4", **LORA}
-    run_pretraining(load_config(None, [f"{k}={v}" for k, v in {**o, "train.until_step": 2}.items()]), kind="sft",
+    run_pretraining(load_config(None, [f"{k}={v}" for k, v in {**o, "train.until_step": 1}.items()]), kind="sft",
                     progress=False)
     res = run_pretraining(load_config(None, [f"{k}={v}" for k, v in {**o, "scaling.min_workers": 1,
                                                                         "scaling.max_workers": 1}.items()]),
                           kind="sft", progress=False)
     m = read_jsonl(store / "qlora" / "metrics.jsonl")
-    assert [r["world_size"] for r in m] == [2, 2, 1] and all(np.isfinite(r["loss"]) for r in m)
+    assert [r["world_size"] for r in m] == [2, 1] and all(np.isfinite(r["loss"]) for r in m)
     assert all(k.endswith((".lora_A", ".lora_B")) for k in _metadata_keys(res.checkpoint) if k.startswith("model."))
-    rec = json.loads((store / "qlora" / "step_00000003" / "train_state.json").read_text())["lora"]
+    rec = json.loads((store / "qlora" / "step_00000002" / "train_state.json").read_text())["lora"]
     assert rec["quantize_base"] == "nf4" and rec["rank"] == 4
 
     # Our QLoRA model (the base's NF4 round trip + adapters) against both exports.
