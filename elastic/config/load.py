@@ -318,6 +318,7 @@ def _validate_rollout(rl) -> None:
 
 
 LORA_TARGETS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")  # elastic/model/lora.py TARGETS (checked in tests)
+QUANTIZE_BASE = ("none", "nf4")  # elastic/model/quantize.py QUANTIZE_BASE (checked in tests)
 DPO_LOSSES = ("sigmoid", "ipo")
 
 
@@ -331,6 +332,12 @@ def _validate_lora(cfg: Config) -> None:
         _check(t in LORA_TARGETS, f"model.lora.targets[{i}]", f"unknown layer {t!r} (known: {', '.join(LORA_TARGETS)})")
     dup = sorted({t for t in lo.targets if lo.targets.count(t) > 1})
     _check(not dup, "model.lora.targets", f"lists {', '.join(dup)} more than once")
+    q = cfg.model.quantize_base
+    _check(q in QUANTIZE_BASE, "model.quantize_base", f"unknown {q!r} (known: {', '.join(QUANTIZE_BASE)})")
+    _check(q == "none" or lo.rank > 0, "model.quantize_base",
+           f"{q} quantizes the frozen base of LoRA: it needs model.lora.rank > 0 (QLoRA)")
+    _check(q == "none" or cfg.dpo.reference != "precomputed", "dpo.reference",
+           f"precomputed scores the unquantized base; under model.quantize_base {q} use model (the policy with its adapters off)")
 
 
 def _validate_dpo(cfg: Config) -> None:

@@ -124,6 +124,12 @@ class ModelSection:
     num_labels: int = 0
     # auto | flash_varlen | torch_varlen | flex | sdpa_docs | sdpa_mask | sdpa_loop
     attention: str = "auto"
+    # QLoRA: none | nf4. nf4 stores the frozen base's block linear weights (q k v o, gate up down)
+    # in 4-bit NormalFloat with double quantization (torchao, elastic/model/quantize.py),
+    # dequantized to the compute dtype in each forward; embeddings, norms and head stay as they
+    # are. Needs model.lora (rank > 0); the base is model.init_from (a Hugging Face directory) or
+    # the seeded init. Each rank holds the whole 4-bit base (FSDP2 shards the rest).
+    quantize_base: str = "none"
     # LoRA adapters for SFT, DPO and GRPO (needs model.init_from: the frozen base).
     lora: LoRASection = field(default_factory=LoRASection)
 

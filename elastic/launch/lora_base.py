@@ -96,6 +96,9 @@ def check_lora_base(cfg: Config, run_dir: str) -> Optional[Dict[str, Any]]:
     for k in ("rank", "targets"):
         if old.get(k) != rec[k]:
             raise ConfigError(f"model.lora.{k}: {rec[k]!r} differs from {old.get(k)!r} in the run's checkpoint ({where})")
+    if old.get("quantize_base", "none") != rec.get("quantize_base", "none"):
+        raise ConfigError(f"model.quantize_base: {rec.get('quantize_base', 'none')!r} differs from "
+                          f"{old.get('quantize_base', 'none')!r} in the run's checkpoint ({where})")
     if old.get("base_sha256") and old["base_sha256"] != rec["base_sha256"]:
         raise ConfigError(f"model.init_from: the base {rec['base']} (sha256 {rec['base_sha256'][:12]}...) is not the one "
                           f"the run's adapters were trained on ({old.get('base')}, sha256 {old['base_sha256'][:12]}... in {where})")

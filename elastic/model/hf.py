@@ -254,6 +254,10 @@ def checkpoint_state(step_dir: str, args: ModelArgs, merge_lora: bool = True) ->
         from elastic.model.lora import LoRAConfig, merge_state
 
         base = base_state(info["base"], args)
+        if info.get("quantize_base") == "nf4":  # QLoRA: the adapters belong to the base's NF4 round trip
+            from elastic.model.quantize import block_weight_names, roundtrip_state
+
+            base = roundtrip_state(base, block_weight_names(base))
         state = merge_state(base, state, LoRAConfig.from_section(info).scaling) if merge_lora else {**base, **state}
     if args.tie_embeddings:
         state.pop("output.weight", None)
@@ -320,6 +324,9 @@ def check_init_from(cfg) -> None:
         dims = {**dims, "tie_embeddings": src.dims["tie_embeddings"]}
         dims.pop("num_labels")
     args = ModelArgs(**dims)
+    if getattr(cfg.model, "quantize_base", "none") != "none" and src.kind != "hf":
+        raise ConfigError(f"model.quantize_base: {cfg.model.quantize_base} reads its base from a Hugging Face directory; "
+                          f"{cfg.model.init_from} is one of our checkpoints (export it with jobs/export_hf.py first)")
     if src.kind == "hf":
         try:
             check_hf_dir(src.path, args)

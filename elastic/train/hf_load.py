@@ -22,8 +22,14 @@ def load_hf_weights(model: torch.nn.Module, hf_dir: str, skip: tuple = ()) -> No
     """`skip`: our tensor names not read (a new scalar head on a causal LM's backbone)."""
     from torch.distributed.checkpoint import HuggingFaceStorageReader
 
+    from elastic.model.quantize import is_nf4
+
+    # QLoRA's NF4 weights (whole on every rank) are read whole and quantized by copy_.
+    nf4 = {n.replace("_checkpoint_wrapped_module.", ""): p for n, p in model.named_parameters() if is_nf4(p)}
     ours = get_model_state_dict(model)
-    keymap = {k: v for k, v in hf_key_map(model.args).items() if k not in skip}
+    keymap = {k: v for k, v in hf_key_map(model.args).items() if k not in skip and k not in nf4}
+    if nf4:
+        _load_whole(nf4, hf_key_map(model.args), hf_dir)
     by_hf = {hf: ours[name] for name, hf in keymap.items() if name in ours}
     try:
         dcp.load(by_hf, storage_reader=HuggingFaceStorageReader(hf_dir))
@@ -35,3 +41,17 @@ def load_hf_weights(model: torch.nn.Module, hf_dir: str, skip: tuple = ()) -> No
         raise RuntimeError(f"model.init_from {hf_dir}: cannot read the weights ({str(e).strip().splitlines()[0][:300]})") from None
     loaded = {name: by_hf[hf] for name, hf in keymap.items() if name in ours}
     set_model_state_dict(model, loaded, options=StateDictOptions(strict=False))
+
+
+@torch.no_grad()
+def _load_whole(params: dict, keymap: dict, hf_dir: str) -> None:
+    """Our name → parameter, each read whole from the safetensors files (one tensor at a time)."""
+    from safetensors import safe_open
+
+    from elastic.model.hf import hf_weight_files
+
+    files = hf_weight_files(hf_dir)
+    for name, p in params.items():
+        hf = keymap[name]
+        with safe_open(files[hf], framework="pt", device="cpu") as f:
+            p.copy_(f.get_tensor(hf).to(p.dtype).to(p.device))

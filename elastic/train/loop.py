@@ -21,6 +21,7 @@ import torch.distributed as dist
 from elastic.config import from_dict, resolved_model_dims
 from elastic.model import ModelArgs, Transformer, choose_backend, flops_per_token
 from elastic.model.lora import LoRAConfig, apply_lora, init_adapters
+from elastic.model.quantize import is_nf4, quantize_base
 from elastic.records import EVENTS, LEDGER, METRICS, append_record
 from elastic.train.checkpoint import Checkpointer, TrainState
 from elastic.train.guard import StabilityGuard
@@ -57,6 +58,11 @@ def lora_of(cfg) -> Optional[LoRAConfig]:
     return LoRAConfig.from_section(cfg.model.lora)
 
 
+def quantized(cfg) -> bool:
+    """QLoRA: the frozen base's block linears in NF4 (`model.quantize_base`, elastic/model/quantize.py)."""
+    return getattr(cfg.model, "quantize_base", "none") == "nf4"
+
+
 def build_model(cfg, device: torch.device) -> tuple[Transformer, ModelArgs, str]:
     """Deterministic full init of an unsharded model on the host, then to device (tests and
     single-process tools; workers use `build_sharded_model`). With `model.lora`, adapters are
@@ -71,6 +77,8 @@ def build_model(cfg, device: torch.device) -> tuple[Transformer, ModelArgs, str]
     model.init_weights(seed=cfg.run.seed)
     if lora is not None:
         init_adapters(model, seed=cfg.run.seed)
+    if quantized(cfg):
+        quantize_base(model)
     return model.to(device), args, backend
 
 
@@ -111,8 +119,16 @@ def build_sharded_model(cfg, device: torch.device, param_dtype: torch.dtype) -> 
             for p in model.parameters():
                 if not p.requires_grad:
                     p.data = p.data.to(param_dtype)
+    ignored = None
+    if quantized(cfg):
+        # QLoRA: the base's block linears become NF4 on this device (zero codes until the base
+        # is loaded: init_weights / load_initial_weights quantize each full weight, so the codes
+        # never depend on the world size). FSDP2 leaves them out: each rank holds the whole
+        # 4-bit base (torch 2.13's single-rank FSDP2 path drops NF4's extra all-gather inputs).
+        ignored = quantize_base(model, device)
     layout = layout_of(cfg)
-    model = parallelize(model, device, param_dtype, cfg.train.activation_checkpointing, build_mesh(device.type, layout), layout)
+    model = parallelize(model, device, param_dtype, cfg.train.activation_checkpointing, build_mesh(device.type, layout), layout,
+                        ignored_params=ignored)
     model.to_empty(device=device)
     model.init_buffers()
     model.init_weights(seed=cfg.run.seed, assign=_assign_shard)
@@ -127,7 +143,10 @@ def lora_reference(cfg) -> Dict[str, Any]:
     driver adds the base's content hash (elastic/launch/lora_base.py)."""
     lo = cfg.model.lora
     base = os.path.abspath(cfg.model.init_from) if cfg.model.init_from else f"seed:{cfg.run.seed}"
-    return {"base": base, "rank": lo.rank, "alpha": lo.alpha, "dropout": lo.dropout, "targets": list(lo.targets)}
+    rec = {"base": base, "rank": lo.rank, "alpha": lo.alpha, "dropout": lo.dropout, "targets": list(lo.targets)}
+    if quantized(cfg):  # the adapters were trained on the NF4 round trip of the base (export merges into it)
+        rec["quantize_base"] = cfg.model.quantize_base
+    return rec
 
 
 def job_state_keys(make_job: Callable[[], Job]) -> tuple:
@@ -158,6 +177,9 @@ def load_weights_from(model: torch.nn.Module, src: str) -> None:
     from elastic.train import checkpoint as ckpt_lib
 
     skip = ("output.weight",) if new_head(model, src) else ()
+    if os.path.exists(os.path.join(src, ckpt_lib.STATE_FILE)) and any(is_nf4(p) for p in model.parameters()):
+        raise RuntimeError(f"model.init_from {src}: model.quantize_base nf4 reads its base from a Hugging Face directory "
+                           "(export this checkpoint with jobs/export_hf.py first)")
     if os.path.exists(os.path.join(src, ckpt_lib.STATE_FILE)):
         info = ckpt_lib.read_train_state(src).get("lora")
         if info:  # adapters only: the base it was trained on, then W += (alpha / r) B A

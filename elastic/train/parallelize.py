@@ -133,8 +133,10 @@ class _TiedColwise:
 
 
 def parallelize(model: Transformer, device: torch.device, param_dtype: torch.dtype, activation_checkpointing: str = "none",
-                mesh: Optional[DeviceMesh] = None, layout: Optional[Layout] = None) -> Transformer:
-    """`mesh`/`layout`: from mesh.py; default a 1-D mesh over every rank (FSDP)."""
+                mesh: Optional[DeviceMesh] = None, layout: Optional[Layout] = None,
+                ignored_params: Optional[set] = None) -> Transformer:
+    """`mesh`/`layout`: from mesh.py; default a 1-D mesh over every rank (FSDP). `ignored_params`:
+    parameters FSDP leaves whole on every rank (QLoRA's frozen NF4 base, elastic/model/quantize.py)."""
     if mesh is None or layout is None:
         layout = layout_for(dist.get_world_size())
         mesh = build_mesh(device.type, layout)
@@ -150,8 +152,9 @@ def parallelize(model: Transformer, device: torch.device, param_dtype: torch.dty
     alone = layout.dp == 1
     for i, block in enumerate(model.layers):
         # The last block's parameters are needed first in backward: keep them gathered.
-        fully_shard(block, mesh=fsdp_mesh, mp_policy=mp, reshard_after_forward=i < n - 1 and not alone)
-    fully_shard(model, mesh=fsdp_mesh, mp_policy=mp)
+        fully_shard(block, mesh=fsdp_mesh, mp_policy=mp, reshard_after_forward=i < n - 1 and not alone,
+                    ignored_params=ignored_params)
+    fully_shard(model, mesh=fsdp_mesh, mp_policy=mp, ignored_params=ignored_params)
     for m in model.modules():
         if hasattr(m, "set_gradient_divide_factor"):
             m.set_gradient_divide_factor(1.0)
