@@ -237,6 +237,9 @@ def _validate_rl(cfg: Config) -> None:
     _check(rl.prompts_per_step >= 1, "rl.prompts_per_step", f"must be >= 1, got {rl.prompts_per_step}")
     _check(rl.max_new_tokens >= 1, "rl.max_new_tokens", f"must be >= 1, got {rl.max_new_tokens}")
     _check(rl.rollout_batch >= 1, "rl.rollout_batch", f"must be >= 1, got {rl.rollout_batch}")
+    g = cfg.generation
+    _check(g.kv_cache in ("static", "paged"), "generation.kv_cache", f"must be static|paged, got {g.kv_cache!r}")
+    _check(g.block_size >= 1, "generation.block_size", f"must be >= 1, got {g.block_size}")
     _check(rl.temperature > 0, "rl.temperature", f"must be > 0 for training rollouts (evaluation is greedy anyway), got {rl.temperature}")
     _check(0 < rl.top_p <= 1, "rl.top_p", f"must be in (0, 1], got {rl.top_p}")
     _check(rl.top_k >= 0, "rl.top_k", f"must be >= 0 (0 = off), got {rl.top_k}")

@@ -382,6 +382,21 @@ class RolloutSection:
 
 
 @dataclass
+class GenerationSection:
+    """The generation engine's KV cache (elastic/generation; docs/generation.md), for every call
+    a run makes: GRPO/PPO rollouts (colocated and on the rollout fleet) and their held-out
+    evaluation."""
+
+    # static: one preallocated slot of prompt + max_new_tokens per row (CUDA graphs on CUDA).
+    # paged: blocks of `block_size` tokens allocated as rows grow and freed when they finish, a
+    # GRPO group's prompt stored once (elastic/generation/paged_cache.py); the same tokens and
+    # log-probs, run eagerly (no CUDA graphs).
+    kv_cache: str = "static"
+    # Tokens per block of the paged cache.
+    block_size: int = 16
+
+
+@dataclass
 class RLSection:
     """GRPO (elastic/rl): rollouts, rewards, the clipped objective and its variants.
 
@@ -701,6 +716,7 @@ class Config:
     wandb: WandbSection = field(default_factory=WandbSection)
     reward: RewardSection = field(default_factory=RewardSection)
     rl: RLSection = field(default_factory=RLSection)
+    generation: GenerationSection = field(default_factory=GenerationSection)
     dpo: DPOSection = field(default_factory=DPOSection)
     reward_model: RewardModelSection = field(default_factory=RewardModelSection)
     curate: CurateSection = field(default_factory=CurateSection)
