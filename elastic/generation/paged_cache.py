@@ -3,7 +3,9 @@
 order), grown one block at a time as it generates and returned to the pool when it finishes.
 So a rollout batch holds KV for the tokens it has actually produced, not batch x max length.
 
-Layout: per layer, `k` and `v` of shape [num_blocks, Hkv, block_size, D]. Block 0 is the null
+Layout: per layer, `k` and `v` of shape [num_blocks, block_size, Hkv, D] (token-major within a
+block, so a row's gathered blocks are one [b, L, Hkv, D] tensor that SDPA reads as [b, Hkv, L, D]
+through a transpose, without a second copy). Block 0 is the null
 block: never handed out, it is what an unused table entry points at (reads of it are masked;
 writes of a dead row in the batch land there). The pool starts small and grows geometrically
 (x1.5, at least what is asked) when the free list runs out: growth copies the pool (amortised
@@ -62,7 +64,7 @@ class PagedKVCache:
         self.dtype, self.device = dtype, device
         self.max_blocks = -(-capacity // block_size)
         n = max(2, num_blocks)
-        shape = (n, n_kv_heads, block_size, head_dim)
+        shape = (n, block_size, n_kv_heads, head_dim)
         # Zeros, not empty: a masked entry gets weight 0, and 0 x (uninitialised NaN) is NaN.
         self.k: List[torch.Tensor] = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
         self.v: List[torch.Tensor] = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
@@ -169,8 +171,8 @@ class PagedPrefillAttention:
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         c = self.cache
-        c.k[layer][self.dst_block, :, self.dst_off] = k[self.src_row, :, self.src_t]
-        c.v[layer][self.dst_block, :, self.dst_off] = v[self.src_row, :, self.src_t]
+        c.k[layer][self.dst_block, self.dst_off] = k[self.src_row, :, self.src_t]
+        c.v[layer][self.dst_block, self.dst_off] = v[self.src_row, :, self.src_t]
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
 
 
@@ -180,7 +182,7 @@ class PagedDecodeAttention:
 
     def __init__(self, k: List[torch.Tensor], v: List[torch.Tensor], table: torch.Tensor, pos: torch.Tensor,
                  kv_len: int, block_size: int):
-        """k, v: per layer the pool [num_blocks, Hkv, block_size, D]; table: [b, max_blocks]."""
+        """k, v: per layer the pool [num_blocks, block_size, Hkv, D]; table: [b, max_blocks]."""
         self.k, self.v, self.pos, self.kv_len, self.bs = k, v, pos, kv_len, block_size
         b = pos.shape[0]
         self.nb = -(-kv_len // block_size)
@@ -193,18 +195,17 @@ class PagedDecodeAttention:
             keys[None, None, None, :] > pos[:, None, None, None], float("-inf"))  # [b, 1, 1, kv_len]
 
     def _gather(self, pool: torch.Tensor, b: int) -> torch.Tensor:
-        g = pool.index_select(0, self.read)  # [b * nb, Hkv, bs, D]
-        hkv, d = pool.shape[1], pool.shape[3]
-        g = g.view(b, self.nb, hkv, self.bs, d).transpose(1, 2).reshape(b, hkv, self.nb * self.bs, d)
-        return g[:, :, :self.kv_len]
+        g = pool.index_select(0, self.read)  # [b * nb, bs, Hkv, D]
+        hkv, d = pool.shape[2], pool.shape[3]
+        return g.view(b, self.nb * self.bs, hkv, d)[:, :self.kv_len].transpose(1, 2)  # [b, Hkv, kv_len, D], a view
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [b, Hq, 1, D]; k, v: [b, Hkv, 1, D] → [b, Hq, 1, D]."""
         kp, vp = self.k[layer], self.v[layer]
-        kp[self.wblock, :, self.woff] = k[:, :, 0]
-        vp[self.wblock, :, self.woff] = v[:, :, 0]
+        kp[self.wblock, self.woff] = k[:, :, 0]
+        vp[self.wblock, self.woff] = v[:, :, 0]
         b, hq, _, d = q.shape
-        hkv = kp.shape[1]
+        hkv = kp.shape[2]
         qg = q.reshape(b, hkv, hq // hkv, d)  # query heads jG..jG+G-1 share kv head j: G rows
         out = F.scaled_dot_product_attention(qg, self._gather(kp, b), self._gather(vp, b), attn_mask=self.mask)
         return out.reshape(b, hq, 1, d)
