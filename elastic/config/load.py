@@ -188,6 +188,9 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(r.compile_time_limit_s > 0, "reward.compile_time_limit_s", f"must be > 0, got {r.compile_time_limit_s}")
     _check(r.instructions_time_limit_s > 0, "reward.instructions_time_limit_s", f"must be > 0, got {r.instructions_time_limit_s}")
     _validate_rl(cfg)
+    g = cfg.generation
+    _check(g.kv_cache in ("static", "paged"), "generation.kv_cache", f"must be static|paged, got {g.kv_cache!r}")
+    _check(g.block_size >= 1, "generation.block_size", f"must be >= 1, got {g.block_size}")
     _validate_rl_tasks(cfg)
     _validate_lora(cfg)
     _validate_dpo(cfg)
@@ -237,9 +240,6 @@ def _validate_rl(cfg: Config) -> None:
     _check(rl.prompts_per_step >= 1, "rl.prompts_per_step", f"must be >= 1, got {rl.prompts_per_step}")
     _check(rl.max_new_tokens >= 1, "rl.max_new_tokens", f"must be >= 1, got {rl.max_new_tokens}")
     _check(rl.rollout_batch >= 1, "rl.rollout_batch", f"must be >= 1, got {rl.rollout_batch}")
-    g = cfg.generation
-    _check(g.kv_cache in ("static", "paged"), "generation.kv_cache", f"must be static|paged, got {g.kv_cache!r}")
-    _check(g.block_size >= 1, "generation.block_size", f"must be >= 1, got {g.block_size}")
     _check(rl.temperature > 0, "rl.temperature", f"must be > 0 for training rollouts (evaluation is greedy anyway), got {rl.temperature}")
     _check(0 < rl.top_p <= 1, "rl.top_p", f"must be in (0, 1], got {rl.top_p}")
     _check(rl.top_k >= 0, "rl.top_k", f"must be >= 0 (0 = off), got {rl.top_k}")
