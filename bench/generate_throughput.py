@@ -24,6 +24,17 @@ table counted only when it is also the output projection (tied). KV-cache reads 
 ignored, so it is an upper bound. Bandwidth is measured here with a large copy (bytes read +
 written / seconds, best of 5): on one H100 expect ~2.5-3 TB/s.
 
+Paged vs static KV cache (`--grpo`, after the main table; skip with `--grpo 0`): a GRPO batch of
+`--grpo` prompts x `--group` samples each (prompt lengths as above; sampled at temperature 1, one
+seed per row), ended by `--stop-ids` stop tokens (random ids: rows stop at geometric-like mixed
+lengths) or `--new-tokens`; `--max-batch` rows decode at once (continuous batching beyond it).
+Both caches run the engine's eager step (the paged one has no CUDA graphs). Columns: tokens/s of
+each (wall clock of the whole call, best of `--repeats`, the two alternating which goes first),
+static / paged tokens/s (the paged median over rounds of the per-round ratio), and KV bytes per
+generated token: static = what it allocates (slots x (longest prompt + new tokens) x bytes per
+cached token); paged = the peak of blocks in use x block bytes (what a pool must hold), and the
+pool it grew to (x1.5 growth); same = whether paged gave exactly static's tokens.
+
 Token agreement: ours must equal recompute and the reference token for token in fp32 (exit
 status 1 otherwise); HF's agreement is reported (fraction of rows equal), as is agreement in bf16
 (where near-ties make a few rows differ legitimately).
@@ -31,6 +42,7 @@ status 1 otherwise); HF's agreement is reported (fraction of rows equal), as is 
   python bench/generate_throughput.py                      # CPU: tiny and 125m, batch 1, 4, 16
   python bench/generate_throughput.py --device cuda --dtype bf16 --presets 1b --batch 1,16,64 --new-tokens 64
   python bench/generate_throughput.py --smoke              # seconds; checks the script runs
+  python bench/generate_throughput.py --presets tiny --batch 1 --systems ours --grpo 8 --group 4  # the paged table
 
 Speculative decoding (`--speculative`, elastic/generation/speculative.py): greedy, eager, on the
 prompts of the shipped python tasks (datasets/python-tasks/heldout.jsonl, the `prompt` field:
@@ -70,7 +82,10 @@ import torch  # noqa: E402
 
 from elastic.config import PRESETS  # noqa: E402
 from elastic.model import ModelArgs, Transformer  # noqa: E402
-from elastic.generation.generate import generate  # noqa: E402
+from elastic.generation.decoder import CachedDecoder  # noqa: E402
+from elastic.generation.generate import generate, run_decoder  # noqa: E402
+from elastic.generation.paged_cache import PagedDecoder  # noqa: E402
+from elastic.generation.sampling import SamplingParams  # noqa: E402
 from elastic.generation.reference import generate_reference  # noqa: E402
 
 # Vocabulary per preset: the default data.vocab_size for tiny, the 32k the 125m preset is sized for.
@@ -175,6 +190,59 @@ def _agree(a: list, b: list) -> float:
     return sum(x == y for x, y in zip(a, b)) / len(a)
 
 
+def _grpo_run(kind: str, model, prompts: list, seeds: list, a, stops: list):
+    """One GRPO batch through the engine's scheduler with a static or paged cache: (seconds,
+    tokens, decoder)."""
+    params = SamplingParams(1.0, 0, 1.0)
+    capacity = max(len(p) for p in prompts) + a.new_tokens
+    slots = min(len(prompts), a.max_batch)
+    t0 = time.perf_counter()
+    if kind == "static":
+        dec = CachedDecoder(model, slots, capacity, params, "eager")
+    else:
+        dec = PagedDecoder(model, slots, capacity, params, "eager", a.block_size)
+    out = run_decoder(dec, prompts, seeds, a.new_tokens, stops)
+    return time.perf_counter() - t0, [c.tokens for c in out], dec
+
+
+def paged_vs_static(a, preset: str, vocab: int, model) -> dict:
+    """The paged table's row for one preset (see the module docstring)."""
+    base = prompts_for(a.grpo, a.prompt_len, vocab, seed=1000)
+    prompts = [p for p in base for _ in range(a.group)]
+    seeds = list(range(len(prompts)))
+    stops = torch.randperm(vocab, generator=torch.Generator().manual_seed(7))[:a.stop_ids].tolist()
+    kinds = ("static", "paged")
+    _grpo_run("static", model, prompts, seeds, a, stops)  # warm-up
+    best, ratios, toks, decs = {k: float("inf") for k in kinds}, [], {}, {}
+    for r in range(max(1, a.repeats)):
+        t = {}
+        for k in (kinds if r % 2 == 0 else kinds[::-1]):  # alternate which side goes first
+            t[k], toks[k], decs[k] = _grpo_run(k, model, prompts, seeds, a, stops)
+            best[k] = min(best[k], t[k])
+        ratios.append(t["static"] / t["paged"])
+    n = sum(len(x) for x in toks["static"])
+    st = decs["paged"].cache.stats()
+    sd = decs["static"]
+    static_bytes = sum(x.numel() * x.element_size() for x in sd.cache.k + sd.cache.v)
+    ratios.sort()
+    row = {"preset": preset, "prompts": a.grpo, "group_size": a.group, "max_batch": a.max_batch, "block_size": a.block_size,
+           "rows": len(prompts), "generated_tokens": n, "completion_lengths": [len(x) for x in toks["static"]],
+           "prompt_lens": [len(p) for p in base], "seconds": best,
+           "tokens_per_s": {k: n / best[k] for k in kinds}, "paged_over_static_speed": ratios[len(ratios) // 2],
+           "static_kv_bytes": static_bytes, "paged": st, "static_kv_bytes_per_token": static_bytes / n,
+           "paged_peak_kv_bytes_per_token": st["peak_bytes"] / n, "paged_pool_kv_bytes_per_token": st["pool_bytes"] / n,
+           "same_tokens": toks["static"] == toks["paged"]}
+    lens = row["completion_lengths"]
+    print(f"paged vs static, {preset}: GRPO batch {a.grpo} prompts x {a.group} samples, max_batch {a.max_batch}, "
+          f"block {a.block_size}, completions {min(lens)}-{max(lens)} tokens (mean {n / len(lens):.1f}), {n} generated")
+    print(f"  {'static tok/s':>12} {'paged tok/s':>12} {'paged/static':>12} {'static B/tok':>13} {'paged peak B/tok':>17} "
+          f"{'paged pool B/tok':>17} {'peak/static':>11}  same tokens")
+    print(f"  {row['tokens_per_s']['static']:>12.1f} {row['tokens_per_s']['paged']:>12.1f} {row['paged_over_static_speed']:>11.2f}x "
+          f"{row['static_kv_bytes_per_token']:>13.0f} {row['paged_peak_kv_bytes_per_token']:>17.0f} "
+          f"{row['paged_pool_kv_bytes_per_token']:>17.0f} {st['peak_bytes'] / static_bytes:>11.2f}  {row['same_tokens']}", flush=True)
+    return row
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--presets", default="tiny,125m")
@@ -188,6 +256,11 @@ def main(argv=None) -> int:
     ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"subset of {','.join(SYSTEMS)}")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--grpo", type=int, default=8, help="paged vs static: prompts in the GRPO batch (0: skip)")
+    ap.add_argument("--group", type=int, default=4, help="paged vs static: samples per prompt")
+    ap.add_argument("--stop-ids", type=int, default=64, help="paged vs static: random stop token ids (mixed lengths)")
+    ap.add_argument("--max-batch", type=int, default=16, help="paged vs static: rows decoded at once")
+    ap.add_argument("--block-size", type=int, default=16, help="paged vs static: tokens per block")
     ap.add_argument("--smoke", action="store_true", help="tiny, batch 1 and 2, 8 new tokens")
     ap.add_argument("--speculative", action="store_true", help="plain vs speculative decoding (see the docstring)")
     ap.add_argument("--drafts", default="ngram,tiny", help="--speculative: ngram and/or draft presets")
@@ -197,6 +270,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.smoke:
         a.presets, a.batch, a.prompt_len, a.new_tokens, a.repeats = "tiny", "1,2", 8, 8, 1
+        a.grpo, a.group, a.max_batch = 2, 2, 3
     if a.threads:
         torch.set_num_threads(a.threads)
     a.dtype = a.dtype or ("bf16" if a.device == "cuda" else "fp32")
@@ -217,7 +291,7 @@ def main(argv=None) -> int:
 
 def _run(a, dtype: torch.dtype, systems: list) -> int:
     bw = measure_bandwidth(a.device)
-    rows, exact_ok = [], True
+    rows, paged_rows, exact_ok = [], [], True
     head = f"{'preset':>6} {'batch':>5} " + " ".join(f"{s + ' tok/s':>15}" for s in systems)
     head += f" {'bound tok/s':>12} {'% bound':>8} " + " ".join(f"{'/' + s:>11}" for s in systems[1:]) + "  same tokens as ours"
     print(f"device {a.device} ({torch.cuda.get_device_name(0) if a.device == 'cuda' else platform.processor() or 'cpu'}), "
@@ -255,6 +329,9 @@ def _run(a, dtype: torch.dtype, systems: list) -> int:
             line += f" {bound:>12.0f} {100 * tps['ours'] / bound:>7.1f}% " + " ".join(f"{tps['ours'] / tps[s]:>10.2f}x" for s in systems[1:])
             line += "  " + ", ".join(f"{s} {same[s]:.0%}" for s in systems[1:])
             print(line, flush=True)
+        if a.grpo:
+            paged_rows.append(paged_vs_static(a, preset, vocab, model))
+            exact_ok &= paged_rows[-1]["same_tokens"]
         del model, hf
     print(f"tok/s = generated tokens (batch x {a.new_tokens}, no prompt or padding) / wall seconds of the whole call, "
           f"best of {a.repeats}; /x = ours tok/s / x tok/s in this run; bound = batch x {bw / 1e9:.1f} GB/s / weight bytes; "
@@ -273,7 +350,8 @@ def _run(a, dtype: torch.dtype, systems: list) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"environment": env, "settings": {"prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "repeats": a.repeats,
-                                                    "systems": systems}, "results": rows}, f, indent=2)
+                                                    "systems": systems}, "results": rows,
+                   "paged_vs_static": paged_rows}, f, indent=2)
     print(f"wrote {a.out}")
     return 0 if exact_ok else 1
 

@@ -295,6 +295,11 @@ def _validate_rl_tasks(cfg: Config) -> None:
 
 
 def _validate_generation(g) -> None:
+    _check(g.kv_cache in ("static", "paged"), "generation.kv_cache", f"must be static|paged, got {g.kv_cache!r}")
+    _check(g.block_size >= 1, "generation.block_size", f"must be >= 1, got {g.block_size}")
+    _check(g.draft == "none" or g.kv_cache == "static", "generation.draft",
+           f"speculative decoding runs on the static KV cache: set generation.kv_cache=static or draft=none "
+           f"(got kv_cache={g.kv_cache!r})")
     _check(g.draft in ("none", "ngram") or os.path.isdir(g.draft), "generation.draft",
            f"must be none, ngram or an existing model directory (Hugging Face or checkpoint step), got {g.draft!r}")
     _check(g.draft_tokens >= 1, "generation.draft_tokens", f"must be >= 1, got {g.draft_tokens}")

@@ -265,23 +265,6 @@ class CheckpointSection:
 
 
 @dataclass
-class GenerationSection:
-    """Speculative decoding in the generation engine (elastic/generation/speculative.py,
-    docs/generation.md) for GRPO's colocated rollouts and held-out evaluation: a drafter proposes
-    `draft_tokens` tokens per row, the policy verifies them in one forward. Greedy output is
-    unchanged token for token; sampled output keeps the policy's distribution (other draws)."""
-
-    # none: off; ngram: prompt lookup in the row's own prompt + completion (no model); otherwise
-    # a Hugging Face directory or an elastic checkpoint step directory of a smaller model with
-    # the policy's vocabulary (loaded on each worker).
-    draft: str = "none"
-    # Tokens proposed per row per round (a round emits 1 to draft_tokens + 1 tokens).
-    draft_tokens: int = 4
-    # ngram: the longest n-gram matched (then shorter ones down to 1).
-    draft_ngram: int = 3
-
-
-@dataclass
 class WandbSection:
     # auto = online when WANDB_API_KEY is set, offline otherwise; disabled turns it off.
     mode: str = "auto"
@@ -402,6 +385,32 @@ class RolloutSection:
     sync_every: int = 1
     # Weights travel in buckets of this many MiB (one object each).
     bucket_mb: int = 64
+
+
+@dataclass
+class GenerationSection:
+    """The generation engine (elastic/generation; docs/generation.md) for every call a run makes:
+    GRPO/PPO rollouts (colocated and on the rollout fleet) and their held-out evaluation. Its KV
+    cache, and speculative decoding: a drafter proposes `draft_tokens` tokens per row, the policy
+    verifies them in one forward (greedy output unchanged token for token; sampled output keeps
+    the policy's distribution, with other draws). Drafting runs on the static cache."""
+
+    # static: one preallocated slot of prompt + max_new_tokens per row (CUDA graphs on CUDA).
+    # paged: blocks of `block_size` tokens allocated as rows grow and freed when they finish, a
+    # GRPO group's prompt stored once (elastic/generation/paged_cache.py); the same tokens and
+    # log-probs, run eagerly (no CUDA graphs).
+    kv_cache: str = "static"
+    # Tokens per block of the paged cache.
+    block_size: int = 16
+    # Speculative decoding (elastic/generation/speculative.py). none: off; ngram: prompt lookup
+    # in the row's own prompt + completion (no model); otherwise a Hugging Face directory or an
+    # elastic checkpoint step directory of a smaller model with the policy's vocabulary (loaded
+    # on each worker). Colocated rollouts and held-out evaluation only (not the rollout fleet).
+    draft: str = "none"
+    # Tokens proposed per row per round (a round emits 1 to draft_tokens + 1 tokens).
+    draft_tokens: int = 4
+    # ngram: the longest n-gram matched (then shorter ones down to 1).
+    draft_ngram: int = 3
 
 
 @dataclass

@@ -8,6 +8,7 @@ elastic/train/fsdp_generate.py gathers the weights and calls in here).
     step.py         the decode step (one token per live slot), eager or inductor-compiled
     cuda_graphs.py  CUDA graph capture of the step
     static_cache.py the engine's preallocated KV cache (one slot per sequence)
+    paged_cache.py  the paged KV cache (blocks, block tables, shared prompt blocks) and its decoder
     sampling.py     on-device sampling, reproducible per row from (seed, token index)
     reference.py    the pre-engine path (left-padded, kv_cache.py): the exactness reference
 

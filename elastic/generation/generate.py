@@ -58,6 +58,7 @@ CAPACITY_ROUND = 16
 # `mode="auto"` can be overridden without code changes (e.g. ELASTIC_GENERATE_MODE=graphs on a
 # machine where inductor is unavailable).
 MODE_ENV = "ELASTIC_GENERATE_MODE"
+KV_CACHES = ("static", "paged")
 
 
 def _int64(s: int) -> int:
@@ -72,7 +73,8 @@ def generate(model: nn.Module, prompts: List[List[int]], max_new_tokens: int, te
              seed: Union[int, Sequence[int], None] = None, use_cache: bool = True,
              on_finish: Optional[Callable[[int, Completion], None]] = None,
              stop_sequences: Sequence[Sequence[int]] = (), max_batch: int = 256, mode: str = "auto",
-             draft=None, draft_tokens: int = 4, draft_ngram: int = 3, spec_stats=None) -> List[Completion]:
+             draft=None, draft_tokens: int = 4, draft_ngram: int = 3, spec_stats=None,
+             kv_cache: str = "static", block_size: int = 16) -> List[Completion]:
     """Generate up to `max_new_tokens` after each prompt; see the module docstring.
 
     `max_batch`: most rows decoded at once (continuous batching beyond it). `mode`: auto
@@ -80,7 +82,10 @@ def generate(model: nn.Module, prompts: List[List[int]], max_new_tokens: int, te
     `draft`: speculative decoding (elastic/generation/speculative.py): None (off), "ngram"
     (prompt lookup, n-gram size `draft_ngram`), a draft model or its path; `draft_tokens`
     proposed per round; `spec_stats` (a speculative.SpecStats) collects acceptance and speed.
-    It runs eagerly, also on CUDA (mode auto or eager; fixed/graphs/compile are refused)."""
+    It runs eagerly, also on CUDA (mode auto or eager; fixed/graphs/compile are refused), on the
+    static cache, and needs `use_cache`.
+    `kv_cache`: static (one slot of max length per row) or paged (blocks of `block_size` tokens,
+    elastic/generation/paged_cache.py; modes eager and fixed, auto = eager)."""
     n = len(prompts)
     check_inputs(model, prompts, max_new_tokens, temperature, top_p, top_k)
     seqs = [[int(t) for t in q] for q in stop_sequences]
@@ -88,15 +93,24 @@ def generate(model: nn.Module, prompts: List[List[int]], max_new_tokens: int, te
         raise ValueError("generate: stop_sequences must not contain an empty sequence")
     if max_batch < 1:
         raise ValueError(f"generate: max_batch must be >= 1, got {max_batch}")
+    if kv_cache not in KV_CACHES:
+        raise ValueError(f"generate: kv_cache must be one of {', '.join(KV_CACHES)}, got {kv_cache!r}")
+    if block_size < 1:
+        raise ValueError(f"generate: block_size must be >= 1, got {block_size}")
     out = [Completion() for _ in range(n)]
     if n == 0 or max_new_tokens == 0:
         return out
     check_unsharded(model)
     seeds = [_int64(s) for s in row_seeds(seed, n)]
     asked = mode
+    if draft is not None and (kv_cache != "static" or not use_cache):
+        raise ValueError("generate: speculative decoding (draft) runs on the static KV cache: "
+                         f"needs kv_cache='static' and use_cache=True, got {kv_cache!r}, {use_cache}")
+    if kv_cache == "paged" and mode == "auto":
+        mode = "eager"  # the paged step is not captured (elastic/generation/paged_cache.py)
     mode = resolve_mode(os.environ.get(MODE_ENV, "auto") if mode == "auto" else mode, model_device(model))
     params = SamplingParams(float(temperature), int(top_k), float(top_p))
-    if draft is not None and use_cache:
+    if draft is not None:
         from elastic.generation.speculative import generate_speculative, make_drafter
 
         if asked not in ("auto", "eager"):
@@ -110,7 +124,12 @@ def generate(model: nn.Module, prompts: List[List[int]], max_new_tokens: int, te
     else:
         if mode != "eager":
             capacity = -(-capacity // CAPACITY_ROUND) * CAPACITY_ROUND
-        dec = CachedDecoder(model, slots, capacity, params, mode)
+        if kv_cache == "paged":
+            from elastic.generation.paged_cache import PagedDecoder
+
+            dec = PagedDecoder(model, slots, capacity, params, mode, block_size)
+        else:
+            dec = CachedDecoder(model, slots, capacity, params, mode)
     return run_decoder(dec, prompts, seeds, max_new_tokens, stop_token_ids, seqs, on_finish, out)
 
 

@@ -284,6 +284,11 @@ class GRPOJob(Job):
         ids, self._step_ids = self._step_ids, []
         return ids
 
+    def _cache_kwargs(self) -> Dict[str, Any]:
+        """The engine's KV cache (generation.kv_cache, generation.block_size) for every call."""
+        g = self.ctx.cfg.generation
+        return {"kv_cache": g.kv_cache, "block_size": g.block_size}
+
     def _generate(self, step: int, prompts: List[Tuple[int, str]], ks: List[int]) -> List[Rollout]:
         from elastic.train.fsdp_generate import fsdp_generate
 
@@ -305,7 +310,7 @@ class GRPOJob(Job):
         spec = self._draft_kwargs()
         outs = fsdp_generate(self.ctx.model, [r.prompt for r in rows], rl.max_new_tokens, temperature=rl.temperature,
                              top_p=rl.top_p, top_k=rl.top_k, stop_token_ids=[self.eos_id], seed=seeds, on_finish=on_finish,
-                             max_batch=rl.rollout_batch, **spec)
+                             max_batch=rl.rollout_batch, **spec, **self._cache_kwargs())
         for i, (r, c) in enumerate(zip(rows, outs)):
             if i not in submitted:
                 on_finish(i, c)
@@ -570,13 +575,13 @@ class GRPOJob(Job):
         if n == 1:
             outs = fsdp_generate(ctx.model, [self.prompt_tokens(t) for t, _ in mine], rl.max_new_tokens,
                                  temperature=0.0, stop_token_ids=[self.eos_id], max_batch=rl.rollout_batch,
-                                 **self._draft_kwargs())
+                                 **self._draft_kwargs(), **self._cache_kwargs())
         else:
             seeds = [derive_seed(ctx.cfg.run.seed, "eval", step, self.heldout.index(t), j) for t, j in mine]
             outs = fsdp_generate(ctx.model, [self.prompt_tokens(t) for t, _ in mine], rl.max_new_tokens,
                                  temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
                                  stop_token_ids=[self.eos_id], seed=seeds, max_batch=rl.rollout_batch,
-                                 **self._draft_kwargs())
+                                 **self._draft_kwargs(), **self._cache_kwargs())
         self.count_forward(sum(len(self.prompt_tokens(t)) + len(o.tokens) for (t, _), o in zip(mine, outs)))
         keys = [f"{self.run_name}:eval{step}:{t}:{j}" for t, j in mine]
         texts = [decode_text(self.tok, o.tokens) for o in outs]

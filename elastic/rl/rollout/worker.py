@@ -117,7 +117,8 @@ class RolloutWorker:
         t0, c0 = time.perf_counter(), time.process_time()
         outs = generate(self.model, [r["prompt"] for r in rows], rl.max_new_tokens, temperature=rl.temperature,
                         top_p=rl.top_p, top_k=rl.top_k, stop_token_ids=[self.eos_id], seed=[r["seed"] for r in rows],
-                        on_finish=on_finish, max_batch=rl.rollout_batch)
+                        on_finish=on_finish, max_batch=rl.rollout_batch, kv_cache=self.cfg.generation.kv_cache,
+                        block_size=self.cfg.generation.block_size)
         gen_s = time.perf_counter() - t0
         client.stats()  # the streamed submits have all been taken (their errors raise here)
         temp = rl.temperature if rl.temperature > 0 else 1.0
