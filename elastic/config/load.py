@@ -234,6 +234,7 @@ def _validate_rl(cfg: Config) -> None:
                f"below rl.kl_target would make the coefficient <= 0; rl.kl_horizon must be at least {n // 5 + 1}")
         _check(cfg.model.lora.rank == 0, "model.lora.rank", "PPO with LoRA is not supported yet (the critic is a full model)")
     _validate_rollout(rl)
+    _validate_generation(cfg)
     _check(rl.prompts_per_step >= 1, "rl.prompts_per_step", f"must be >= 1, got {rl.prompts_per_step}")
     _check(rl.max_new_tokens >= 1, "rl.max_new_tokens", f"must be >= 1, got {rl.max_new_tokens}")
     _check(rl.rollout_batch >= 1, "rl.rollout_batch", f"must be >= 1, got {rl.rollout_batch}")
@@ -291,6 +292,18 @@ def _validate_rl_tasks(cfg: Config) -> None:
     _check(rw.function_timeout_s > 0, "reward.function_timeout_s", f"must be > 0, got {rw.function_timeout_s}")
     _check(rw.python_time_limit_s > 0, "reward.python_time_limit_s", f"must be > 0, got {rw.python_time_limit_s}")
     _check(rw.python_memory_mb >= 32, "reward.python_memory_mb", f"must be >= 32, got {rw.python_memory_mb}")
+
+
+# elastic/generation/quantized.py WEIGHTS (config imports nothing; tests check the two agree).
+GENERATION_WEIGHTS = ("full", "int8", "int4")
+
+
+def _validate_generation(cfg: Config) -> None:
+    w = cfg.generation.weights
+    _check(w in GENERATION_WEIGHTS, "generation.weights", f"must be {'|'.join(GENERATION_WEIGHTS)}, got {w!r}")
+    _check(w != "int4" or cfg.train.param_dtype in ("auto", "bf16"), "generation.weights",
+           f"int4 runs on CUDA with bfloat16 weights only (torchao's tinygemm layout); train.param_dtype is "
+           f"{cfg.train.param_dtype!r}: use int8, or train.param_dtype auto|bf16")
 
 
 def _validate_rollout(rl) -> None:

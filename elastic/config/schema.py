@@ -359,6 +359,21 @@ class RewardSection:
 
 
 @dataclass
+class GenerationSection:
+    """The weights GRPO/PPO rollouts are generated with (elastic/generation/quantized.py,
+    docs/generation.md "Quantized generation"). The trainers' weights stay full precision; a
+    weight-only quantized copy of the policy is made again for every rollout call."""
+
+    # full: generate with the policy's own weights (in train.param_dtype). int8: every linear
+    # layer of the blocks as int8 weights with one scale per output channel (torchao
+    # Int8WeightOnlyConfig); int4: 4-bit groups of 128 (torchao Int4WeightOnlyConfig, tinygemm
+    # layout; CUDA and bfloat16 only: torchao 0.18 has no CPU int4 kernel). The embedding, the
+    # norms and the output head stay full precision. Held-out evaluation during training uses
+    # the full weights; jobs/eval.py has its own --weights.
+    weights: str = "full"
+
+
+@dataclass
 class RolloutSection:
     """Where GRPO/PPO rollouts are generated (elastic/rl/rollout/, docs/grpo.md "Placements").
 
@@ -701,6 +716,7 @@ class Config:
     wandb: WandbSection = field(default_factory=WandbSection)
     reward: RewardSection = field(default_factory=RewardSection)
     rl: RLSection = field(default_factory=RLSection)
+    generation: GenerationSection = field(default_factory=GenerationSection)
     dpo: DPOSection = field(default_factory=DPOSection)
     reward_model: RewardModelSection = field(default_factory=RewardModelSection)
     curate: CurateSection = field(default_factory=CurateSection)
