@@ -150,3 +150,17 @@ def test_config_names_agree():
     from elastic.generation.quantized import WEIGHTS
 
     assert GENERATION_WEIGHTS == WEIGHTS
+
+
+def test_eval_generates_with_the_copy_and_scores_with_the_model():
+    """jobs/eval.py --weights int8: ItemEvaluator.gen_model generates; scoring keeps `model`."""
+    from elastic.eval.evaluate import ItemEvaluator, TokenizerView
+
+    model = _model()
+    qm = QuantizedCopy("int8").refresh(model)
+    tok = TokenizerView(encode=list, encode_plain=list, decode=str, eos_id=299, prefix_id=0)
+    ev = ItemEvaluator(model, tok, 64, gen_model=qm)
+    got = ev._generate(PROMPTS, 8, 0.0, 1.0, [0] * len(PROMPTS), [])
+    want = generate(qm, PROMPTS, 8, stop_token_ids=[299])
+    assert [c.logprobs for c in got] == [c.logprobs for c in want]
+    assert ev.model is model
