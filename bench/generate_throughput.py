@@ -11,6 +11,16 @@ lengths (uniform in [prompt_len/2, prompt_len]) with each system:
               with a dense mask per step)
   hf          transformers LlamaForCausalLM.generate (default dynamic cache, SDPA), built from a
               random config of the same shape and loaded with the same weights (nothing downloaded)
+  int8, int4  ours on a weight-only quantized copy of the same model (generation.weights,
+              elastic/generation/quantized.py: the blocks' linear layers quantized by torchao;
+              embedding, norms and output head full). int4 runs on CUDA in bf16 only (torchao 0.18
+              has no CPU int4 kernel): it is in the default systems there, and refused on CPU.
+
+Quantization quality, per quantized system, on the full model's own greedy tokens (prompt + ours'
+completion, teacher-forced through both models): mean and max over completion tokens of
+|log p_quantized(token) - log p_full(token)| (log_softmax of the raw logits, fp32), the fraction of
+rows whose greedy tokens equal ours', and its speed as a ratio to ours (the full-precision
+engine) in the same run; `quantize s` is the time to make the copy (once per rollout in RL).
 
 Tokens counted: generated tokens only (no prompt, no padding); no stop tokens, so every row
 produces exactly `--new-tokens`. Time: wall clock of the whole call (prefill, and for ours the
@@ -85,12 +95,14 @@ from elastic.model import ModelArgs, Transformer  # noqa: E402
 from elastic.generation.decoder import CachedDecoder  # noqa: E402
 from elastic.generation.generate import generate, run_decoder  # noqa: E402
 from elastic.generation.paged_cache import PagedDecoder  # noqa: E402
+from elastic.generation.quantized import quantized_weight_bytes  # noqa: E402
 from elastic.generation.sampling import SamplingParams  # noqa: E402
 from elastic.generation.reference import generate_reference  # noqa: E402
 
 # Vocabulary per preset: the default data.vocab_size for tiny, the 32k the 125m preset is sized for.
 DEFAULT_VOCAB = {"tiny": 2048, "125m": 32000, "1b": 128256, "8b": 128256}
-SYSTEMS = ("ours", "recompute", "reference", "hf")
+SYSTEMS = ("ours", "recompute", "reference", "hf", "int8", "int4")
+QUANTIZED = ("int8", "int4")
 
 
 def build(preset: str, vocab: int, max_len: int, device: str, dtype: torch.dtype, untied: bool = False) -> Transformer:
@@ -168,20 +180,43 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_system(name: str, model, hf, prompts: list, new_tokens: int, mode: str) -> list:
+def completion_logprobs(model, prompts: list, completions: list) -> list:
+    """Per row, log p(each completion token) under `model`: one teacher-forced forward over prompt
+    + completion, log_softmax of the raw logits in fp32."""
+    out = []
+    dev = model.tok_embeddings.weight.device
+    with torch.no_grad():
+        for p, c in zip(prompts, completions):
+            seq = torch.tensor([list(p) + list(c)], device=dev)
+            lp = torch.log_softmax(model(seq)[0, :-1].float(), -1).gather(-1, seq[0, 1:, None])[:, 0]
+            out.append(lp[len(p) - 1:].cpu())
+    return out
+
+
+def logprob_delta(full, quant, prompts: list, completions: list) -> tuple:
+    """(mean, max) |log p_quant - log p_full| over every completion token."""
+    d = torch.cat([(a - b).abs() for a, b in zip(completion_logprobs(quant, prompts, completions),
+                                                 completion_logprobs(full, prompts, completions))])
+    return float(d.mean()), float(d.max())
+
+
+def run_system(name: str, model, others: dict, prompts: list, new_tokens: int, mode: str) -> list:
+    """`others`: the HF model ("hf") and the quantized copies ("int8", "int4") of this preset."""
+    if name in QUANTIZED:
+        return [c.tokens for c in generate(others[name], prompts, new_tokens, mode=mode)]
     if name == "ours":
         return [c.tokens for c in generate(model, prompts, new_tokens, mode=mode)]
     if name == "recompute":
         return [c.tokens for c in generate(model, prompts, new_tokens, use_cache=False)]
     if name == "reference":
         return [c.tokens for c in generate_reference(model, prompts, new_tokens)]
-    return hf_generate(hf, prompts, new_tokens)
+    return hf_generate(others["hf"], prompts, new_tokens)
 
 
-def timed(name: str, model, hf, prompts, new_tokens: int, mode: str, device: str):
+def timed(name: str, model, others, prompts, new_tokens: int, mode: str, device: str):
     _sync(device)
     t0 = time.perf_counter()
-    toks = run_system(name, model, hf, prompts, new_tokens, mode)
+    toks = run_system(name, model, others, prompts, new_tokens, mode)
     _sync(device)
     return time.perf_counter() - t0, toks
 
@@ -253,7 +288,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default=None, help="default: bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--mode", default="auto", help="the engine's mode: auto (CUDA: compile, CPU: eager), eager, fixed, graphs, compile")
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"subset of {','.join(SYSTEMS)}")
+    ap.add_argument("--systems", default="", help=f"subset of {','.join(SYSTEMS)} (default: all; int4 only on CUDA in bf16)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--grpo", type=int, default=8, help="paged vs static: prompts in the GRPO batch (0: skip)")
@@ -275,7 +310,16 @@ def main(argv=None) -> int:
         torch.set_num_threads(a.threads)
     a.dtype = a.dtype or ("bf16" if a.device == "cuda" else "fp32")
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[a.dtype]
-    systems = [s for s in a.systems.split(",") if s]
+    default = [s for s in SYSTEMS if s != "int4" or (a.device == "cuda" and a.dtype == "bf16")]
+    systems = [s for s in a.systems.split(",") if s] or default
+    if "int4" in systems:
+        from elastic.generation.quantized import QuantizationError, check_weights
+
+        try:
+            check_weights("int4", torch.device(a.device), dtype)
+        except QuantizationError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
     assert systems[0] == "ours" and set(systems) <= set(SYSTEMS), f"--systems must start with ours, from {SYSTEMS}"
     # Compilation caches go to a scratch directory removed at the end: the JSON is all we leave.
     scratch = tempfile.mkdtemp(prefix="gen-bench-")
@@ -300,17 +344,25 @@ def _run(a, dtype: torch.dtype, systems: list) -> int:
     for preset in a.presets.split(","):
         vocab = a.vocab or DEFAULT_VOCAB[preset]
         model = build(preset, vocab, a.prompt_len + a.new_tokens, a.device, dtype)
-        hf = build_hf(model, dtype) if "hf" in systems else None
+        others = {"hf": build_hf(model, dtype) if "hf" in systems else None}
+        quant_s = {}
+        for w in (s for s in systems if s in QUANTIZED):  # the copy generation uses (per rollout in RL)
+            from elastic.generation.quantized import QuantizedCopy
+
+            qc = QuantizedCopy(w)
+            qc.refresh(model)  # first call: imports torchao
+            others[w] = qc.refresh(model)
+            quant_s[w] = qc.refresh_s
         wb = weight_bytes(model)
         for batch in (int(b) for b in a.batch.split(",")):
             prompts = prompts_for(batch, a.prompt_len, vocab, seed=batch)
             for s in systems:  # warm-up: allocator, kernels, and the engine's compile on CUDA
-                run_system(s, model, hf, prompts, a.new_tokens, a.mode)
+                run_system(s, model, others, prompts, a.new_tokens, a.mode)
             best = {s: float("inf") for s in systems}
             toks = {}
-            for _ in range(a.repeats):
-                for s in systems:
-                    t, toks[s] = timed(s, model, hf, prompts, a.new_tokens, a.mode, a.device)
+            for r in range(a.repeats):
+                for s in (systems if r % 2 == 0 else systems[::-1]):  # alternating sides
+                    t, toks[s] = timed(s, model, others, prompts, a.new_tokens, a.mode, a.device)
                     best[s] = min(best[s], t)
             n = sum(len(t) for t in toks["ours"])
             assert n == batch * a.new_tokens
@@ -324,17 +376,29 @@ def _run(a, dtype: torch.dtype, systems: list) -> int:
                    "weight_bytes": wb, "seconds": best, "tokens_per_s": tps, "bound_tokens_per_s": bound,
                    "ours_fraction_of_bound": tps["ours"] / bound,
                    "ours_speedup": {s: tps["ours"] / tps[s] for s in systems[1:]}, "same_tokens_fraction": same}
+            for w in (s for s in systems if s in QUANTIZED):
+                mean_d, max_d = logprob_delta(model, others[w], prompts, toks["ours"])
+                row.setdefault("quantized", {})[w] = {
+                    "tokens_per_s_vs_full": tps[w] / tps["ours"], "logprob_abs_delta_mean": mean_d,
+                    "logprob_abs_delta_max": max_d, "same_tokens_fraction": same[w], "quantize_s": quant_s[w],
+                    "weight_bytes_in_memory": quantized_weight_bytes(others[w]),
+                    "full_weight_bytes_in_memory": quantized_weight_bytes(model)}
             rows.append(row)
             line = f"{preset:>6} {batch:>5} " + " ".join(f"{tps[s]:>15.1f}" for s in systems)
             line += f" {bound:>12.0f} {100 * tps['ours'] / bound:>7.1f}% " + " ".join(f"{tps['ours'] / tps[s]:>10.2f}x" for s in systems[1:])
             line += "  " + ", ".join(f"{s} {same[s]:.0%}" for s in systems[1:])
+            for w, q in row.get("quantized", {}).items():
+                line += (f"\n{'':>12} {w}: {q['tokens_per_s_vs_full']:.2f}x full tok/s, |dlogp| mean {q['logprob_abs_delta_mean']:.2e} "
+                         f"max {q['logprob_abs_delta_max']:.2e}, same greedy tokens {q['same_tokens_fraction']:.0%}, "
+                         f"quantize {q['quantize_s']:.2f}s, weights {q['weight_bytes_in_memory'] / 2**20:.1f} of "
+                         f"{q['full_weight_bytes_in_memory'] / 2**20:.1f} MiB")
             print(line, flush=True)
         if a.grpo:
             paged_rows.append(paged_vs_static(a, preset, vocab, model))
             exact_ok &= paged_rows[-1]["same_tokens"]
-        del model, hf
+        del model, others
     print(f"tok/s = generated tokens (batch x {a.new_tokens}, no prompt or padding) / wall seconds of the whole call, "
-          f"best of {a.repeats}; /x = ours tok/s / x tok/s in this run; bound = batch x {bw / 1e9:.1f} GB/s / weight bytes; "
+          f"best of {a.repeats}; /x = ours tok/s / x tok/s in this run; |dlogp| on ours' greedy tokens; bound = batch x {bw / 1e9:.1f} GB/s / weight bytes; "
           f"{torch.get_num_threads()} CPU threads")
     env = {"torch": torch.__version__, "python": platform.python_version(), "cpu_count": os.cpu_count(),
            "threads": torch.get_num_threads(), "device": a.device, "dtype": a.dtype, "mode": a.mode,

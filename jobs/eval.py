@@ -32,6 +32,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=0, help="Ray workers (default: one per GPU, else 2)")
     ap.add_argument("--cpus-per-worker", type=float, default=1.0)
     ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"))
+    ap.add_argument("--weights", default="full", choices=("full", "int8", "int4"),
+                    help="generation tasks: generate with weight-only quantized weights (int4: CUDA only; default full)")
     ap.add_argument("--token-budget", type=int, default=8192, help="tokens per scoring forward")
     ap.add_argument("--fresh", action="store_true", help="recompute every item (default: resume)")
     ap.add_argument("--contamination", default="", metavar="RUN", help="report 13-gram overlap with RUN's training data cache")
@@ -49,7 +51,7 @@ def main(argv=None) -> int:
 
     req = EvalRequest(models=args.model, tasks=args.tasks, out_dir=args.out, workers=args.workers,
                       cpus_per_worker=args.cpus_per_worker, limit=args.limit, token_budget=args.token_budget,
-                      dtype=args.dtype, resume=not args.fresh, allow_weak_isolation=args.allow_weak_isolation)
+                      dtype=args.dtype, resume=not args.fresh, allow_weak_isolation=args.allow_weak_isolation, weights=args.weights)
     try:
         res, code = run_or_exit_code(run_eval, req)
     except EvalConfigError as e:

@@ -209,7 +209,10 @@ def test_generate_benchmark_smoke(tmp_path):
     assert [row["batch"] for row in rows] == [1, 2]
     for row in rows:
         assert row["tokens"] == 8 * row["batch"]
-        assert set(row["tokens_per_s"]) == {"ours", "recompute", "reference", "hf"}
-        assert row["same_tokens_fraction"] == {"recompute": 1.0, "reference": 1.0, "hf": 1.0}
+        assert set(row["tokens_per_s"]) == {"ours", "recompute", "reference", "hf", "int8"}  # int4: CUDA only
+        assert {k: v for k, v in row["same_tokens_fraction"].items() if k != "int8"} == {"recompute": 1.0, "reference": 1.0, "hf": 1.0}
         assert 0 < row["ours_fraction_of_bound"] < 1
+        q = row["quantized"]["int8"]  # generation.weights=int8 beside the full-precision engine
+        assert q["tokens_per_s_vs_full"] > 0 and 0 < q["logprob_abs_delta_mean"] <= q["logprob_abs_delta_max"] < 0.05
+        assert q["weight_bytes_in_memory"] < q["full_weight_bytes_in_memory"]
     assert "bound = batch x" in r.stdout and list(tmp_path.iterdir()) == [out]

@@ -234,7 +234,7 @@ def _validate_rl(cfg: Config) -> None:
                f"below rl.kl_target would make the coefficient <= 0; rl.kl_horizon must be at least {n // 5 + 1}")
         _check(cfg.model.lora.rank == 0, "model.lora.rank", "PPO with LoRA is not supported yet (the critic is a full model)")
     _validate_rollout(rl)
-    _validate_generation(cfg.generation)
+    _validate_generation(cfg)
     _check(rl.prompts_per_step >= 1, "rl.prompts_per_step", f"must be >= 1, got {rl.prompts_per_step}")
     _check(rl.max_new_tokens >= 1, "rl.max_new_tokens", f"must be >= 1, got {rl.max_new_tokens}")
     _check(rl.rollout_batch >= 1, "rl.rollout_batch", f"must be >= 1, got {rl.rollout_batch}")
@@ -294,7 +294,12 @@ def _validate_rl_tasks(cfg: Config) -> None:
     _check(rw.python_memory_mb >= 32, "reward.python_memory_mb", f"must be >= 32, got {rw.python_memory_mb}")
 
 
-def _validate_generation(g) -> None:
+# elastic/generation/quantized.py WEIGHTS (config imports nothing; tests check the two agree).
+GENERATION_WEIGHTS = ("full", "int8", "int4")
+
+
+def _validate_generation(cfg: Config) -> None:
+    g = cfg.generation
     _check(g.kv_cache in ("static", "paged"), "generation.kv_cache", f"must be static|paged, got {g.kv_cache!r}")
     _check(g.block_size >= 1, "generation.block_size", f"must be >= 1, got {g.block_size}")
     _check(g.draft == "none" or g.kv_cache == "static", "generation.draft",
@@ -304,6 +309,11 @@ def _validate_generation(g) -> None:
            f"must be none, ngram or an existing model directory (Hugging Face or checkpoint step), got {g.draft!r}")
     _check(g.draft_tokens >= 1, "generation.draft_tokens", f"must be >= 1, got {g.draft_tokens}")
     _check(g.draft_ngram >= 1, "generation.draft_ngram", f"must be >= 1, got {g.draft_ngram}")
+    w = g.weights
+    _check(w in GENERATION_WEIGHTS, "generation.weights", f"must be {'|'.join(GENERATION_WEIGHTS)}, got {w!r}")
+    _check(w != "int4" or cfg.train.param_dtype in ("auto", "bf16"), "generation.weights",
+           f"int4 runs on CUDA with bfloat16 weights only (torchao's tinygemm layout); train.param_dtype is "
+           f"{cfg.train.param_dtype!r}: use int8, or train.param_dtype auto|bf16")
 
 
 def _validate_rollout(rl) -> None:

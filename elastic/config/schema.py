@@ -393,7 +393,8 @@ class GenerationSection:
     GRPO/PPO rollouts (colocated and on the rollout fleet) and their held-out evaluation. Its KV
     cache, and speculative decoding: a drafter proposes `draft_tokens` tokens per row, the policy
     verifies them in one forward (greedy output unchanged token for token; sampled output keeps
-    the policy's distribution, with other draws). Drafting runs on the static cache."""
+    the policy's distribution, with other draws). Drafting runs on the static cache. And the
+    weights rollouts are generated with (full, or a weight-only int8/int4 copy)."""
 
     # static: one preallocated slot of prompt + max_new_tokens per row (CUDA graphs on CUDA).
     # paged: blocks of `block_size` tokens allocated as rows grow and freed when they finish, a
@@ -411,6 +412,15 @@ class GenerationSection:
     draft_tokens: int = 4
     # ngram: the longest n-gram matched (then shorter ones down to 1).
     draft_ngram: int = 3
+    # full: generate with the policy's own weights (in train.param_dtype). int8: every linear
+    # layer of the blocks as int8 weights with one scale per output channel (torchao
+    # Int8WeightOnlyConfig); int4: 4-bit groups of 128 (torchao Int4WeightOnlyConfig, tinygemm
+    # layout; CUDA and bfloat16 only: torchao 0.18 has no CPU int4 kernel). The embedding, the
+    # norms and the output head stay full precision. The trainers' weights stay full precision:
+    # a weight-only quantized copy (elastic/generation/quantized.py) is made again for every
+    # rollout call. Held-out evaluation during training uses the full weights; jobs/eval.py has
+    # its own --weights.
+    weights: str = "full"
 
 
 @dataclass

@@ -73,6 +73,9 @@ class ItemEvaluator:
     token_budget: int = 8192     # tokens per scoring forward
     gen_batch: int = 64          # prompts decoded together
     generate_fn: Optional[Callable] = None  # (prompts, max_new, temperature, top_p, seeds, stop_seqs) -> [Completion]
+    # The model generation tasks generate with (e.g. a weight-only quantized copy of `model`,
+    # elastic/generation/quantized.py); None: `model`. Scoring always uses `model`.
+    gen_model: Optional[nn.Module] = None
 
     # --- log-likelihood tasks ---
 
@@ -153,7 +156,8 @@ class ItemEvaluator:
             return self.generate_fn(prompts, max_new, temperature, top_p, seeds, stop_seqs)
         from elastic.generation.generate import generate
 
-        return generate(self.model, prompts, max_new, temperature=temperature, top_p=top_p, seed=seeds,
+        model = self.gen_model if self.gen_model is not None else self.model
+        return generate(model, prompts, max_new, temperature=temperature, top_p=top_p, seed=seeds,
                         stop_token_ids=[self.tok.eos_id], stop_sequences=stop_seqs, max_batch=self.gen_batch)
 
     @staticmethod

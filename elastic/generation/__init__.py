@@ -11,6 +11,8 @@ elastic/train/fsdp_generate.py gathers the weights and calls in here).
     paged_cache.py  the paged KV cache (blocks, block tables, shared prompt blocks) and its decoder
     sampling.py     on-device sampling, reproducible per row from (seed, token index)
     reference.py    the pre-engine path (left-padded, kv_cache.py): the exactness reference
+    quantized.py    generation.weights: a weight-only int8/int4 copy of the policy (torchao),
+                    refreshed from the policy's current weights; the policy is only read
 
 A new cache (paged, quantized) implements the protocols of elastic/model/cache.py and lives here;
 so do drafting and new samplers.

@@ -121,6 +121,18 @@ def use_gpu(cfg: Config) -> bool:
     return ray.cluster_resources().get("GPU", 0) > 0
 
 
+def check_generation_weights(cfg: Config, gpu: bool, job: str) -> None:
+    """generation.weights=int4 runs only on CUDA (elastic/generation/quantized.py): refuse an RL
+    run that would generate on CPU before any worker starts (one line)."""
+    from elastic.config import ConfigError
+
+    ro = cfg.rl.rollout
+    on_cpu = not gpu if ro.placement == "colocated" else ro.gpus_per_worker == 0
+    if job == "grpo" and cfg.generation.weights == "int4" and on_cpu:
+        raise ConfigError("generation.weights: int4 needs CUDA (torchao 0.18 has no CPU int4 weight-only kernel) "
+                          "and this run generates on CPU; use int8 or full")
+
+
 def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_config: dict, **trainer_kwargs):
     """The TorchTrainer every job runs: elastic ScalingConfig, checkpoints under the run dir,
     failure retries, the recovery-events callback. `loop_config` adds job inputs to the
@@ -431,6 +443,7 @@ def _run_followed(cfg: Config, launch: JobLaunch, paths: RunPaths, choice, say, 
         for line in launch.describe():
             say(line)
         gpu = use_gpu(cfg)
+        check_generation_weights(cfg, gpu, launch.job)
         if gpu:  # ask for no more GPU workers than the cluster has (scaling.fit, elastic/launch/runtime/fit.py)
             import ray
 

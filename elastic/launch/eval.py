@@ -48,6 +48,9 @@ class EvalRequest:
     seed: int = 0
     resume: bool = True
     allow_weak_isolation: bool = False  # code tasks without bubblewrap (reward.allow_weak_isolation)
+    # Generation tasks generate with weight-only quantized weights (full | int8 | int4;
+    # elastic/generation/quantized.py); scoring tasks (perplexity, multiple choice) stay full.
+    weights: str = "full"
 
 
 @dataclass
@@ -143,13 +146,14 @@ def _worker_cls():
     class EvalWorker:
         """Holds one model at a time; evaluates units of items on it."""
 
-        def __init__(self, dtype: str, token_budget: int) -> None:
+        def __init__(self, dtype: str, token_budget: int, weights: str = "full") -> None:
             import torch
 
             self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
             name = dtype if dtype != "auto" else ("bfloat16" if self.device.type == "cuda" else "float32")
             self.dtype = getattr(torch, name)
             self.token_budget = token_budget
+            self.weights = weights
             self.path: Optional[str] = None
             self.ev = None
             if self.device.type == "cpu":
@@ -166,6 +170,10 @@ def _worker_cls():
             model = from_pretrained(path, device=self.device, dtype=self.dtype).eval()
             self.ev = ItemEvaluator(model, TokenizerView.from_file(src.tokenizer), int(model.args.max_seq_len),
                                     token_budget=self.token_budget)
+            if self.weights != "full":  # generation tasks only: a quantized copy generates
+                from elastic.generation.quantized import QuantizedCopy
+
+                self.ev.gen_model = QuantizedCopy(self.weights).refresh(model)
             self.path = path
 
         def run(self, path: str, spec: TaskSpec, items: List[Tuple[int, Doc, str]], seed: int) -> Tuple[List[Dict[str, Any]], float]:
@@ -248,7 +256,9 @@ def run_eval(req: EvalRequest, say=print) -> EvalResult:
         iso = detect()  # untrusted programs run in bubblewrap or not at all: say so before any work
         if iso.wrapper != "bwrap":
             raise EvalConfigError(f"code tasks: {unavailable_message(iso)}")
-    out_dir = os.path.abspath(req.out_dir or default_out_dir(models))
+    if req.weights not in ("full", "int8", "int4"):
+        raise EvalConfigError(f"--weights must be full|int8|int4, got {req.weights!r}")
+    out_dir = os.path.abspath(req.out_dir or default_out_dir(models) + ("" if req.weights == "full" else f"-{req.weights}"))
     os.makedirs(out_dir, exist_ok=True)
     say(f"[eval] {len(models)} model{'s' if len(models) > 1 else ''} x {len(tasks)} task{'s' if len(tasks) > 1 else ''} "
         f"({', '.join(f'{t} {len(d.docs)}' for t, d in tasks.items())} items) -> {out_dir}")
@@ -280,12 +290,15 @@ def run_eval(req: EvalRequest, say=print) -> EvalResult:
     if todo:
         connect(resolve_cluster(), max(os.cpu_count() or 1, 2), worker_env())
         gpus = int(ray.cluster_resources().get("GPU", 0))
+        if req.weights == "int4" and (not gpus or req.dtype not in ("auto", "bfloat16")):
+            raise EvalConfigError("--weights int4 needs CUDA and bfloat16 (torchao 0.18 has no CPU int4 weight-only kernel); "
+                                  "use int8 or full")
         n_workers = req.workers or (gpus if gpus else max(1, min(2, int(ray.cluster_resources().get("CPU", 1) // req.cpus_per_worker))))
         n_workers = min(n_workers, len(todo))
         opts = {"num_gpus": 1} if gpus else {"num_cpus": req.cpus_per_worker}
         Worker = _worker_cls()
         threads = str(max(1, int(req.cpus_per_worker)))
-        workers = [Worker.options(**opts, runtime_env={"env_vars": {"ELASTIC_EVAL_THREADS": threads}}).remote(req.dtype, req.token_budget)
+        workers = [Worker.options(**opts, runtime_env={"env_vars": {"ELASTIC_EVAL_THREADS": threads}}).remote(req.dtype, req.token_budget, req.weights)
                    for _ in range(n_workers)]
         say(f"[eval] {n_workers} worker{'s' if n_workers > 1 else ''} ({'1 GPU' if gpus else f'{req.cpus_per_worker:g} CPU'} each), "
             f"{len(todo)} units of up to {req.unit_items} items")

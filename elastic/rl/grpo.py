@@ -8,7 +8,8 @@ One global step s (every rank runs the same code on its own completions):
    any world size. Step s has P prompts × G samples = N completions, numbered globally;
    each rank generates exactly the completions it will train on.
 2. **Generate** with the KV cache on the FSDP-sharded policy, parameters gathered once
-   (elastic/train/fsdp_generate.py); each completion is sampled with its own seed,
+   (elastic/train/fsdp_generate.py; with generation.weights int8|int4, on a weight-only
+   quantized copy of the gathered weights made for this step); each completion is sampled with its own seed,
    `rollout_seed(run.seed, s, prompt slot, sample)`, so it does not depend on the rank or the
    batch. Every finished completion is submitted to the reward service at once.
 3. While the pool compiles and runs those programs: **old log-probs** (only when a rollout
@@ -159,16 +160,18 @@ def train_plan(keep: np.ndarray, parts: Sequence[Sequence[int]], micro_batch_siz
     return kept, max(-(-len(ks) // micro_batch_size) for ks in kept)
 
 
-def add_behaviour(b: Dict[str, np.ndarray], part: List[Rollout], step: int) -> None:
+def add_behaviour(b: Dict[str, np.ndarray], part: List[Rollout], step: int, quantized: bool = False) -> None:
     """A micro-batch's behaviour log-probs aligned with its tokens (`behav_logp`, [B, L]) and
-    which rows an older version generated (`off_policy`, [B] bool), for the TIS weights."""
+    which rows an older version generated (`off_policy`, [B] bool), for the TIS weights.
+    `quantized` (generation.weights int8|int4): every row was sampled by a quantized copy, not
+    by pi_old, so every row is off-policy and gets its truncated weight."""
     L = b["tokens"].shape[1]
     behav = np.zeros((len(part), L), np.float32)
     for j, r in enumerate(part):
         a = len(r.prompt)
         behav[j, a:a + len(r.tokens)] = r.behav_logp
     b["behav_logp"] = behav
-    b["off_policy"] = np.array([r.version < step for r in part], bool)
+    b["off_policy"] = np.array([quantized or r.version < step for r in part], bool)
 
 
 def decode_text(tok, ids: List[int]) -> str:
@@ -310,13 +313,17 @@ class GRPOJob(Job):
         spec = self._draft_kwargs()
         outs = fsdp_generate(self.ctx.model, [r.prompt for r in rows], rl.max_new_tokens, temperature=rl.temperature,
                              top_p=rl.top_p, top_k=rl.top_k, stop_token_ids=[self.eos_id], seed=seeds, on_finish=on_finish,
-                             max_batch=rl.rollout_batch, **spec, **self._cache_kwargs())
+                             max_batch=rl.rollout_batch, weights=self.ctx.cfg.generation.weights,
+                             **spec, **self._cache_kwargs())
         for i, (r, c) in enumerate(zip(rows, outs)):
             if i not in submitted:
                 on_finish(i, c)
         gen_s = time.perf_counter() - t0
         self._gen_t0 = t0
         self._metrics["generate_s"] = gen_s
+        q = getattr(self.ctx.model, "_elastic_quantized", None)
+        if q is not None and q.weights != "full":  # generation.weights: making the quantized copy (in generate_s)
+            self._metrics["quantize_s"] = q.refresh_s
         if self.ctx.device.type == "cpu" and gen_s > 0:
             # The cores generation got: process CPU seconds / (wall seconds × torch threads). Well
             # below 1 on CPU means something else ran on this worker's cores meanwhile (the
@@ -527,7 +534,7 @@ class GRPOJob(Job):
                     b["cmask"][j] = 0.0
             b["adv"] = np.array([outcome.advantages[r.k] for r in part], np.float32)
             if self.fleet is not None:
-                add_behaviour(b, part, self._step)
+                add_behaviour(b, part, self._step, self.ctx.cfg.generation.weights != "full")
             if any(r.old_logp is not None for r in part):
                 b["old_logp"] = old
             if any(r.ref_logp is not None for r in part):

@@ -214,7 +214,7 @@ class PPOJob(GRPOJob):
                 arrays.pop("ref_logp")
             b.update(arrays)
             if self.fleet is not None:
-                add_behaviour(b, part, self._step)
+                add_behaviour(b, part, self._step, self.ctx.cfg.generation.weights != "full")
             out.append(b)
         return out
 

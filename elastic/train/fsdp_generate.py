@@ -21,7 +21,10 @@ break its compiled, graph-captured decode step at every block); it refuses a mod
 parameters are still sharded.
 
 Memory: the full parameters in `param_dtype` (MixedPrecisionPolicy) live on every rank for
-the duration of the call, plus the KV cache. Generation computes in that dtype.
+the duration of the call, plus the KV cache. Generation computes in that dtype. With
+`weights="int8"|"int4"` (generation.weights) the gathered weights are quantized into a separate
+copy kept on the model between calls (elastic/generation/quantized.py) and generation runs on
+that; the gathered and trained weights are only read.
 Must be entered by all ranks together (step 1 is collective).
 """
 
@@ -34,6 +37,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
 from elastic.generation.generate import Completion, generate
+from elastic.generation.quantized import QuantizedCopy
 
 
 def _fsdp_modules(model: nn.Module) -> List[FSDPModule]:
@@ -115,8 +119,22 @@ def gathered_parameters(model: nn.Module) -> Iterator[nn.Module]:
             m.reshard()
 
 
-def fsdp_generate(model: nn.Module, prompts: List[List[int]], max_new_tokens: int, **kwargs: Any) -> List[Completion]:
+def quantized_copy(model: nn.Module, weights: str) -> QuantizedCopy:
+    """The model's quantized generation copy (generation.weights), kept on the model between
+    calls (not a submodule: no FSDP, no state dict, no optimizer)."""
+    q = getattr(model, "_elastic_quantized", None)
+    if q is None or q.weights != weights:
+        q = QuantizedCopy(weights)
+        object.__setattr__(model, "_elastic_quantized", q)
+    return q
+
+
+def fsdp_generate(model: nn.Module, prompts: List[List[int]], max_new_tokens: int, weights: str = "full",
+                  **kwargs: Any) -> List[Completion]:
     """`elastic.generation.generate.generate` on a sharded model; all ranks call it together,
-    each with its own prompts."""
+    each with its own prompts. `weights` (generation.weights): full, or int8 / int4 to generate
+    with a weight-only quantized copy made from the gathered weights on this call
+    (elastic/generation/quantized.py); the model's own weights are only read."""
     with gathered_parameters(model) as whole:
-        return generate(whole, prompts, max_new_tokens, **kwargs)
+        gen = quantized_copy(model, weights).refresh(whole) if weights != "full" else whole
+        return generate(gen, prompts, max_new_tokens, **kwargs)

@@ -8,6 +8,9 @@ in one continuous-batching call (`elastic.generation.generate`, the engine the c
 use, with the same per-completion seeds), streams every finished completion to the reward service
 at once (reward work starts before the unit ends), and returns the tokens with their behaviour
 log-probabilities (at the temperature the loss scores at, for the off-policy correction).
+With generation.weights int8 | int4 it generates, and computes those log-probabilities, with a
+weight-only quantized copy of its policy remade whenever it loads a version
+(elastic/generation/quantized.py): the behaviour policy is then the quantized one.
 
 It knows nothing of the trainers or of Ray Train: weights arrive as object-store buckets
 (elastic/rl/rollout/weights.py).
@@ -61,6 +64,11 @@ class RolloutWorker:
         self.model.eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
+        from elastic.generation.quantized import QuantizedCopy
+
+        # generation.weights: int8 | int4 generate with a quantized copy remade per version.
+        self.quant = QuantizedCopy(self.cfg.generation.weights)
+        self.gen_model = self.quant.refresh(self.model)
         self.tok = from_json(tokenizer_json)
         self.eos_id = int(eos_id)
         self.reward_service = reward_service
@@ -91,6 +99,7 @@ class RolloutWorker:
         with warnings.catch_warnings():  # object-store arrays are read-only; they are only read
             warnings.simplefilter("ignore", UserWarning)
             nbytes = load_into(self.model, unpack(entries, buckets))
+        self.gen_model = self.quant.refresh(self.model)
         self.version = version
         return {"load_s": time.perf_counter() - t0, "load_bytes": float(nbytes)}
 
@@ -115,7 +124,7 @@ class RolloutWorker:
                 os.kill(os.getpid(), signal.SIGKILL)
 
         t0, c0 = time.perf_counter(), time.process_time()
-        outs = generate(self.model, [r["prompt"] for r in rows], rl.max_new_tokens, temperature=rl.temperature,
+        outs = generate(self.gen_model, [r["prompt"] for r in rows], rl.max_new_tokens, temperature=rl.temperature,
                         top_p=rl.top_p, top_k=rl.top_k, stop_token_ids=[self.eos_id], seed=[r["seed"] for r in rows],
                         on_finish=on_finish, max_batch=rl.rollout_batch, kv_cache=self.cfg.generation.kv_cache,
                         block_size=self.cfg.generation.block_size)
@@ -141,7 +150,7 @@ class RolloutWorker:
             pos = torch.arange(seq.shape[1], device=self.device)[None]
             doc = torch.zeros_like(seq)
             meta = build_attention_metadata(doc, self.model.attention_backend)
-            logits = self.model(seq, pos, doc, meta)[0, :-1].float() / temp
+            logits = self.gen_model(seq, pos, doc, meta)[0, :-1].float() / temp  # the policy that sampled
             lp = torch.log_softmax(logits, -1).gather(-1, seq[0, 1:, None])[:, 0]
             a = len(r["prompt"]) - 1
             res.append(lp[a:a + len(c.tokens)].cpu().numpy().astype(np.float32))
