@@ -18,7 +18,9 @@ Parts, each timed, each failure recorded without ending the check:
               Train (bench/train_throughput.py), and beside it, in the same run, the HF
               transformers peer on the same shape and batch (bench/hf_peer.py); the ratio of the
               best of each per vocabulary
-  generation  bench/generate_throughput.py: our generation vs HF `generate()` vs the bound
+  generation  bench/generate_throughput.py: our generation vs HF `generate()` vs the bound, the
+              int8/int4 weight-only copies, paged vs static KV cache; then its --speculative
+              table (prompt lookup and a tiny draft vs plain) on the first preset
   memory     what fits one device per preset, full training and LoRA (an estimate: bytes of
               parameters, gradients and AdamW state; activations not included)
 
@@ -280,6 +282,20 @@ def part_generation(smoke: bool, out_dir: str, presets: str = "125m,1b", batch: 
             out["results"] = json.load(f)
     elif r.returncode:
         out["error"] = (r.stderr.strip().splitlines() or [""])[-1]
+    if not smoke:
+        # Speculative decoding (prompt lookup and an untrained tiny draft) beside plain generation:
+        # its own table (bench/generate_throughput.py --speculative), the first preset only.
+        spath = os.path.join(out_dir, "generate_speculative.json")
+        cmd = [_py(), os.path.join(HERE, "generate_throughput.py"), "--speculative", "--out", spath,
+               "--presets", presets.split(",")[0], "--batch", batch, "--new-tokens", "64"]
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1800)
+        spec: Dict[str, Any] = {"returncode": r.returncode, "stdout_tail": r.stdout.strip().splitlines()[-20:]}
+        if os.path.exists(spath):
+            with open(spath) as f:
+                spec["results"] = json.load(f)
+        elif r.returncode:
+            spec["error"] = (r.stderr.strip().splitlines() or [""])[-1]
+        out["speculative"] = spec
     return out
 
 
