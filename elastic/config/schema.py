@@ -406,7 +406,8 @@ class GenerationSection:
     # Speculative decoding (elastic/generation/speculative.py). none: off; ngram: prompt lookup
     # in the row's own prompt + completion (no model); otherwise a Hugging Face directory or an
     # elastic checkpoint step directory of a smaller model with the policy's vocabulary (loaded
-    # on each worker). Colocated rollouts and held-out evaluation only (not the rollout fleet).
+    # on each worker and each rollout actor). Rollouts (colocated or on the fleet) and held-out
+    # evaluation.
     draft: str = "none"
     # Tokens proposed per row per round (a round emits 1 to draft_tokens + 1 tokens).
     draft_tokens: int = 4

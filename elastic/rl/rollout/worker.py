@@ -127,7 +127,7 @@ class RolloutWorker:
         outs = generate(self.gen_model, [r["prompt"] for r in rows], rl.max_new_tokens, temperature=rl.temperature,
                         top_p=rl.top_p, top_k=rl.top_k, stop_token_ids=[self.eos_id], seed=[r["seed"] for r in rows],
                         on_finish=on_finish, max_batch=rl.rollout_batch, kv_cache=self.cfg.generation.kv_cache,
-                        block_size=self.cfg.generation.block_size)
+                        block_size=self.cfg.generation.block_size, **self._draft_kwargs())
         gen_s = time.perf_counter() - t0
         client.stats()  # the streamed submits have all been taken (their errors raise here)
         temp = rl.temperature if rl.temperature > 0 else 1.0
@@ -138,6 +138,21 @@ class RolloutWorker:
                     for r, c, lp in zip(rows, outs, lps)]
         return {"rows": out_rows, "version": version, "gen_s": gen_s, "cpu_s": time.process_time() - c0,
                 "tokens": sum(len(c.tokens) for c in outs), "pid": self.pid, **info}
+
+    def _draft_kwargs(self) -> Dict[str, Any]:
+        """generate()'s speculative-decoding arguments from generation.draft ({} when off), as the
+        colocated GRPO job passes them; a draft model directory is loaded once, on this actor."""
+        g = self.cfg.generation
+        if g.draft == "none":
+            return {}
+        draft: Any = g.draft
+        if draft != "ngram":
+            if getattr(self, "_draft_model", None) is None:
+                from elastic.generation.speculative import load_draft
+
+                self._draft_model = load_draft(g.draft, device=self.device, dtype=next(self.model.parameters()).dtype)
+            draft = self._draft_model
+        return {"draft": draft, "draft_tokens": g.draft_tokens, "draft_ngram": g.draft_ngram}
 
     @torch.no_grad()
     def _logprobs_at(self, rows, outs, temp: float) -> List[np.ndarray]:
