@@ -3,6 +3,8 @@ model (elastic/model), in plain PyTorch (no Ray, no torch.distributed; on an FSD
 elastic/train/fsdp_generate.py gathers the weights and calls in here).
 
     generate.py     the door: `generate(model, prompts, ...)` -> [Completion], continuous batching
+    episodes.py     multi-turn episodes: a turn continues from the episode's cache slot
+                    (only the feedback prefilled); per-turn spans, log-probs, seeds
     completion.py   what generation returns; input checks; per-prompt seeds
     decoder.py      CachedDecoder: prefill prompts into cache slots, decode with fixed shapes
     step.py         the decode step (one token per live slot), eager or inductor-compiled
