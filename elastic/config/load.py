@@ -234,6 +234,7 @@ def _validate_rl(cfg: Config) -> None:
                f"below rl.kl_target would make the coefficient <= 0; rl.kl_horizon must be at least {n // 5 + 1}")
         _check(cfg.model.lora.rank == 0, "model.lora.rank", "PPO with LoRA is not supported yet (the critic is a full model)")
     _validate_rollout(rl)
+    _validate_turns(rl)
     _validate_generation(cfg)
     _check(rl.prompts_per_step >= 1, "rl.prompts_per_step", f"must be >= 1, got {rl.prompts_per_step}")
     _check(rl.max_new_tokens >= 1, "rl.max_new_tokens", f"must be >= 1, got {rl.max_new_tokens}")
@@ -263,6 +264,8 @@ def _validate_rl(cfg: Config) -> None:
 
 
 RL_PROMPT_FORMATS = ("chat", "raw")
+RL_TURN_REWARDS = ("last", "discounted")  # elastic/rl/algorithms/turns.py TURN_REWARDS
+RL_FEEDBACK = ("verdict", "details")  # elastic/reward/feedback.py MODES
 
 
 def _validate_rl_tasks(cfg: Config) -> None:
@@ -330,6 +333,20 @@ def _validate_rollout(rl) -> None:
            f"than max_staleness versions old), got {ro.sync_every}")
     _check(rl.is_correction in ("tis", "none"), "rl.is_correction", f"must be tis|none, got {rl.is_correction!r}")
     _check(rl.is_cap >= 1, "rl.is_cap", f"must be >= 1 (the largest importance weight a token gets), got {rl.is_cap}")
+
+
+def _validate_turns(rl) -> None:
+    """Multi-turn settings (issue 44): pieces exist, the jobs do not run episodes yet."""
+    _check(rl.turns >= 1, "rl.turns", f"must be >= 1 (1 = single turn), got {rl.turns}")
+    _check(rl.turns == 1, "rl.turns", f"multi-turn episodes are not built yet (issue 44: feedback, masks and episode "
+           f"rewards exist, the jobs do not run episodes); use 1, got {rl.turns}")
+    _check(rl.turn_reward in RL_TURN_REWARDS, "rl.turn_reward",
+           f"must be one of {'|'.join(RL_TURN_REWARDS)}, got {rl.turn_reward!r}")
+    _check(0 < rl.turn_discount <= 1, "rl.turn_discount", f"must be in (0, 1], got {rl.turn_discount}")
+    _check(rl.turn_cost >= 0, "rl.turn_cost", f"must be >= 0 (a cost per turn after the first), got {rl.turn_cost}")
+    _check(rl.feedback in RL_FEEDBACK, "rl.feedback", f"must be one of {'|'.join(RL_FEEDBACK)}, got {rl.feedback!r}")
+    _check(rl.feedback_max_tokens >= 16, "rl.feedback_max_tokens",
+           f"must be >= 16 (room for a verdict and the truncation marker), got {rl.feedback_max_tokens}")
 
 
 LORA_TARGETS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")  # elastic/model/lora.py TARGETS (checked in tests)

@@ -541,6 +541,21 @@ class RLSection:
     # as verl and AReaL do); none trains on them as they are. On-policy completions get none.
     is_correction: str = "tis"
     is_cap: float = 2.0
+    # Multi-turn episodes with execution feedback (issue 44; in progress, docs/grpo.md): up to
+    # `turns` answers per task, the verifier's feedback (elastic/reward/feedback.py) shown as the
+    # next user message after each failed one. 1 = single turn (today); > 1 is not built yet (the
+    # jobs do not run episodes) and is refused.
+    turns: int = 1
+    # The episode's reward: last (the final turn's) | discounted (sum of turn_discount^(k-1) x
+    # turn k's reward), minus turn_cost per turn after the first.
+    turn_reward: str = "last"
+    turn_discount: float = 1.0
+    turn_cost: float = 0.0
+    # verdict: the verdict only (math_answer: "wrong"); details: compiler diagnostics, the first
+    # failing test's input/expected/actual, the failing assertion (and a math task's gold answer
+    # when the task row sets reveal_answer: true). Cut to feedback_max_tokens tokens.
+    feedback: str = "verdict"
+    feedback_max_tokens: int = 256
     # Where rollouts are generated: colocated (the trainers) or disaggregated (a fleet of actors).
     rollout: RolloutSection = field(default_factory=RolloutSection)
 

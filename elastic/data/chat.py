@@ -137,6 +137,40 @@ def prompt_segments(messages: Sequence[Dict[str, str]], fmt: ChatFormat) -> List
     return [(_render(fmt, messages, add_generation_prompt=True), False)]
 
 
+def feedback_turn_segments(feedback: str, fmt: ChatFormat, turn_closed: bool = True) -> List[Segment]:
+    """What follows a policy's answer in a multi-turn episode (issue 44): the end of its turn
+    (unless ``turn_closed``), the verifier's ``feedback`` as the next user message, and the
+    assistant header of the next answer; all not learned (feedback is context, never loss).
+
+    ``turn_closed``: the policy's tokens already end its turn (it stopped on EOS, or on the
+    template's end-of-turn token ``fmt.eos_token``). Otherwise (cut at max_new_tokens) the end
+    of turn is added here. Built-in template: exactly what SFT renders between two assistant
+    turns (EOS, then the user block, then the header). With a chat template: the template's text
+    after an assistant message (after ``fmt.eos_token`` when closed), then what it renders for a
+    user message with the generation prompt, found by rendering a probe conversation with and
+    without the feedback; a template that does not render it as an extension is rejected (RowError).
+    """
+    if fmt.chat_template is None:
+        segs: List[Segment] = [] if turn_closed else [(EOS, False)]
+        return segs + [(_builtin_header("user") + feedback + "\n", False), (_builtin_header("assistant"), False)]
+    answer = "\u2063answer\u2063"  # a probe no template rewrites
+    probe = [{"role": "user", "content": "question"}, {"role": "assistant", "content": answer}]
+    before = _render(fmt, probe, add_generation_prompt=False)
+    after = _render(fmt, probe + [{"role": "user", "content": feedback}], add_generation_prompt=True)
+    if answer not in before or not after.startswith(before):
+        raise RowError("the tokenizer's chat_template does not render a conversation as a prefix of its extension")
+    end = before[before.rindex(answer) + len(answer):]
+    k = end.find(fmt.eos_token) if (turn_closed and fmt.eos_token) else -1
+    end = end[k + len(fmt.eos_token):] if k >= 0 else end
+    return [(end + after[len(before):], False)]
+
+
+def feedback_turn_ids(feedback: str, fmt: ChatFormat, encode_batch, eos_id: int, turn_closed: bool = True) -> List[int]:
+    """Token ids of :func:`feedback_turn_segments` (``encode_batch``: a HF tokenizer's, as for
+    :func:`tokenize_segments`); every one is masked out of the loss."""
+    return tokenize_segments(feedback_turn_segments(feedback, fmt, turn_closed), encode_batch, eos_id)[0]
+
+
 def render_prompt(messages: Sequence[Dict[str, str]], fmt: ChatFormat) -> str:
     """The prompt as text (the concatenation of `prompt_segments`)."""
     return "".join(t for t, _ in prompt_segments(messages, fmt))

@@ -35,6 +35,13 @@ class TestResult:
     status: str  # a STATUSES value, or "skipped" after an earlier failure
     wall_s: float = 0.0
     detail: str = ""
+    # The head of what the program printed on a test the checker rejected (code_opt's
+    # wrong_answer: at most OUTPUT_HEAD bytes of its stdout, decoded with replacement), for the
+    # policy's feedback (elastic/reward/feedback.py); empty otherwise. Never part of the reward.
+    output: str = ""
+
+
+OUTPUT_HEAD = 512
 
 
 @dataclass

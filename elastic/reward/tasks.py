@@ -52,6 +52,10 @@ class Task:
     pattern: Optional[str] = None
     fields: Dict[str, Any] = field(default_factory=dict)
     where: str = ""  # "file:line", for messages
+    # The row's `reveal_answer: true`: multi-turn feedback in rl.feedback=details mode may show
+    # this task's gold answer after a wrong turn (teacher forcing); never otherwise
+    # (elastic/reward/feedback.py).
+    reveal_answer: bool = False
 
 
 @dataclass
@@ -142,7 +146,7 @@ def row_task(row: Dict[str, Any], where: str, index: int, stem: str, fields: Dic
     tid = row.get(fields["id"])
     tid = str(tid) if tid is not None and str(tid).strip() else f"{stem}/{index}"
     prompt = _text(row, "prompt", fields, True)
-    task = Task(tid, prompt, fields=row, where=where)
+    task = Task(tid, prompt, fields=row, where=where, reveal_answer=row.get("reveal_answer") is True)
     if "answer" in needs:
         task.answer = _text(row, "answer", fields, True)
     task.pattern = _text(row, "pattern", fields, False)

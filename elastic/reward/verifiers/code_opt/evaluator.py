@@ -29,7 +29,7 @@ from elastic.reward.verifiers.code_opt.extract import extract_code
 from elastic.reward.verifiers.code_opt.problems import Problem
 from elastic.reward.verifiers.programs import (COMPILE, Compiled, RunQueue, classify, compile_limits, compile_verdict, compiled,
                                                default_sandbox, finish_compile, run_limits, start_compile)
-from elastic.reward.result import Result, TestResult, Timing
+from elastic.reward.result import OUTPUT_HEAD, Result, TestResult, Timing
 from elastic.sandbox.command import Limits, Sandbox
 from elastic.reward.verifiers.code_opt.scoring import speedup_reward
 from elastic.sandbox.session import RunSession, SessionQueue, envelope, sessions_available
@@ -140,7 +140,8 @@ def _judge(problem: Problem, settings: EvalSettings, sandbox: Sandbox, c: Compil
             passed, why = check(problem.checker, o.stdout, t.expected)
             if not passed:
                 status, detail = "wrong_answer", why
-        tr = TestResult(t.name, status, round(o.wall_s, 6), detail)
+        shown = o.stdout[:OUTPUT_HEAD].decode("utf-8", errors="replace") if status == "wrong_answer" else ""
+        tr = TestResult(t.name, status, round(o.wall_s, 6), detail, output=shown)
         tests.append(tr)
         if status != "ok":
             failed = tr
