@@ -13,6 +13,9 @@ elastic/train/fsdp_generate.py gathers the weights and calls in here).
     paged_cache.py  the paged KV cache (blocks, block tables, shared prompt blocks) and its decoder
     sampling.py     on-device sampling, reproducible per row from (seed, token index)
     reference.py    the pre-engine path (left-padded, kv_cache.py): the exactness reference
+    speculative.py  speculative decoding: drafts verified in one policy forward (Leviathan/Chen
+                    acceptance); draft.py the drafters (prompt lookup, a draft model);
+                    chunk.py the k+1-token verify forward on the static cache
     quantized.py    generation.weights: a weight-only int8/int4 copy of the policy (torchao),
                     refreshed from the policy's current weights; the policy is only read
 
