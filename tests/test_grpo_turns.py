@@ -58,14 +58,22 @@ def test_multi_turn_config_errors_are_one_line(tmp_path):
         assert str(e.value).startswith(where) and "\n" not in str(e.value)
 
 
-def test_grpo_two_turn_episodes_records_metrics_and_exact_resume(ray_local, tmp_path):
+@pytest.fixture(scope="module")
+def two_turns(ray_local, tmp_path_factory):
+    """One 2-step run with rl.turns 2 (about a minute on 2 busy cores)."""
     from elastic.launch.grpo import run_grpo
     from tests.hf_helpers import make_hf_dir
 
+    tmp_path = tmp_path_factory.mktemp("turns")
     base = tmp_path / "base"
     make_hf_dir(base, "llama")
     res = run_grpo(_overrides(tmp_path, base, "a", 2), progress=False)
     assert res.checkpoint.endswith("step_00000002") and not res.stopped
+    return tmp_path, base
+
+
+def test_grpo_two_turn_episodes_records_and_pass_at_turn_metrics(two_turns):
+    tmp_path, base = two_turns
     rolls = {(r["step"], r["k"]): r for r in read_jsonl(tmp_path / "runs" / "a" / "rollouts.jsonl")}
     assert sorted(rolls) == [(s, k) for s in (1, 2) for k in range(8)]
     for r in rolls.values():
@@ -94,7 +102,17 @@ def test_grpo_two_turn_episodes_records_metrics_and_exact_resume(ray_local, tmp_
     print("pass@t", [(x["step"], x["pass_at_turn_1"], x["pass_at_turn_2"], x["fixed_by_feedback_rate"]) for x in m])
     assert any(len(r["turns"]) == 2 for r in rolls.values()), "no episode got feedback"
 
-    # Stop after step 1, resume: the same episodes (same seeds per turn, same feedback).
+
+
+@pytest.mark.slow
+def test_grpo_two_turn_run_stopped_and_resumed_reproduces_its_episodes(two_turns):
+    """Stop after step 1, resume: the same episodes (same seeds per turn, same feedback), the
+    same losses (two more launches, ~2 min on 2 busy cores)."""
+    from elastic.launch.grpo import run_grpo
+
+    tmp_path, base = two_turns
+    rolls = {(r["step"], r["k"]): r for r in read_jsonl(tmp_path / "runs" / "a" / "rollouts.jsonl")}
+    m = read_jsonl(tmp_path / "runs" / "a" / "metrics.jsonl")
     run_grpo(_overrides(tmp_path, base, "b", 2, **{"train.until_step": 1}), progress=False)
     run_grpo(_overrides(tmp_path, base, "b", 2), progress=False)
     rb = {(r["step"], r["k"]): r for r in read_jsonl(tmp_path / "runs" / "b" / "rollouts.jsonl")}
