@@ -35,9 +35,13 @@ def _overrides(tmp, base, name, steps, **extra):
     if not tasks.exists():
         tasks.write_text("".join(json.dumps({"task_id": f"p{i}", "prompt": f"say {w}"}) + "\n"
                                  for i, w in enumerate(["alpha", "beta gamma", "ray", "torch delta"])))
+    held = tmp / "held.jsonl"
+    if not held.exists():
+        held.write_text("".join(json.dumps({"task_id": f"h{i}", "prompt": f"write {w}"}) + "\n"
+                                for i, w in enumerate(["one", "two words", "three"])))
     o = {"run.storage_path": str(tmp / "runs"), "run.name": name, "model.init_from": str(base),
          "reward.kind": "regex", "reward.pattern": PATTERN, "rl.tasks": str(tasks), "rl.heldout": "[]",
-         "rl.eval_every": 0, "rl.prompts_per_step": 2, "rl.group_size": 4, "rl.max_new_tokens": 8,
+         "rl.heldout_tasks": str(held), "rl.eval_every": 2, "rl.prompts_per_step": 2, "rl.group_size": 4, "rl.max_new_tokens": 8,
          "rl.micro_batch_size": 4, "rl.updates_per_rollout": 1, "rl.kl_coef": 0.05, "data.seq_len": 128,
          "rl.turns": 2, "rl.feedback": "details", "rl.feedback_max_tokens": 32, "rl.turn_reward": "discounted",
          "rl.turn_discount": 0.5, "train.steps": steps, "train.lr": 1e-3, "train.warmup_steps": 0,
@@ -101,6 +105,17 @@ def test_grpo_two_turn_episodes_records_and_pass_at_turn_metrics(two_turns):
         assert x["fixed_by_feedback_rate"] == np.mean([e["fixed_by_feedback"] for e in ep])
     print("pass@t", [(x["step"], x["pass_at_turn_1"], x["pass_at_turn_2"], x["fixed_by_feedback_rate"]) for x in m])
     assert any(len(r["turns"]) == 2 for r in rolls.values()), "no episode got feedback"
+    # Held-out: one greedy episode per task, before step 1 and after step 2: the pass@t curve.
+    for pre, rec in (("initial_", m[0]), ("", m[1])):
+        curve = [rec[f"{pre}heldout_pass_at_turn_{t}"] for t in (1, 2)]
+        assert 0.0 <= curve[0] <= curve[1] <= 1.0 and rec[f"{pre}heldout_pass_at_1"] == curve[0]
+    print("heldout pass@t", [(x["step"], {k: v for k, v in x.items() if "heldout_pass_at_turn" in k}) for x in m])
+    ev = read_jsonl(tmp_path / "runs" / "a" / "eval_verdicts.jsonl")
+    for s in (0, 2):
+        for task in ("h0", "h1", "h2"):
+            turns = [v for v in ev if v["step"] == s and v["task"] == task]
+            assert [v["turn"] for v in turns] == list(range(1, len(turns) + 1)) and 1 <= len(turns) <= 2
+            assert all(v["status"] != "ok" for v in turns[:-1])
 
 
 

@@ -698,6 +698,8 @@ class GRPOJob(Job):
 
         rl, ctx = self.rl, self.ctx
         n = rl.eval_samples
+        if rl.turns > 1 and n == 1:
+            return self._heldout_eval_turns(step)
         items = [(t, j) for t in self.heldout for j in range(n)]
         mine = items[ctx.rank::ctx.world_size]
         if n == 1:
@@ -739,6 +741,79 @@ class GRPOJob(Job):
             if pk is not None:
                 out[f"heldout_pass_at_{kk}"] = pk
         sp = [x for _, st, x in alls if st == "ok" and x is not None]
+        if sp:
+            out["heldout_speedup"] = float(np.mean(sp))
+        return out
+
+    def _heldout_eval_turns(self, step: int) -> Dict[str, Any]:
+        """rl.turns > 1 with rl.eval_samples 1: one greedy episode per held-out task, feedback as
+        in training; `heldout_pass_at_turn_t` is the share of tasks passed by turn t (the pass@t
+        curve; `heldout_pass_at_1` is turn 1's, the single-turn greedy pass@1). Every turn's
+        verdict goes to eval_verdicts.jsonl (with its `turn`)."""
+        from elastic.data.chat import feedback_turn_ids
+        from elastic.reward.feedback import MARKER, feedback_text
+        from elastic.reward.verifiers.registry import parse_kind
+        from elastic.rl.algorithms.turns import cap_tokens
+        from elastic.train.fsdp_generate import fsdp_generate_turns
+
+        rl, ctx = self.rl, self.ctx
+        kind = next((nm for nm, _ in parse_kind(ctx.cfg.reward.kind) if nm != "model"), "")
+        marker = [e.ids for e in self.tok.encode_batch([MARKER])][0]
+        mine = self.heldout[ctx.rank::ctx.world_size]
+        verdicts: Dict[int, List[Tuple[int, str, Optional[float]]]] = {i: [] for i in range(len(mine))}
+        keys: List[str] = []
+        path = os.path.join(ctx.local_dir, EVAL_VERDICTS)
+
+        def respond(answered, last: bool) -> Dict[int, Optional[List[int]]]:
+            items = []
+            for i, t, c in answered:
+                key = f"{self.run_name}:eval{step}:{mine[i]}:0:t{t}"
+                items.append((key, mine[i], decode_text(self.tok, list(c.tokens))))
+            keys.extend(k for k, _, _ in items)
+            self.reward.submit(items, wait=False)  # tensor-parallel peers: the service keeps one per key
+            got: Dict[str, Any] = {}
+            while len(got) < len(items):
+                got.update(self.reward.results([k for k, _, _ in items if k not in got], timeout_s=30.0))
+            out: Dict[int, Optional[List[int]]] = {}
+            for (i, t, c), (key, task, text) in zip(answered, items):
+                res = got[key]
+                verdicts[i].append((t + 1, res.status, res.speedup))
+                if ctx.tp_rank == 0:
+                    append_record(path, {"step": step, "task": task, "sample": 0, "turn": t + 1, "status": res.status,
+                                         "reward": res.reward, "speedup": res.speedup, "reason": (res.reason or "")[:300],
+                                         "completion": text[:4000]})
+                fb = None if last else feedback_text(res, kind, rl.feedback)
+                if fb is not None:
+                    ids = [e.ids for e in self.tok.encode_batch([fb])][0]
+                    if len(ids) > rl.feedback_max_tokens:
+                        fb = self.tok.decode(cap_tokens(ids, rl.feedback_max_tokens, marker), skip_special_tokens=False)
+                    fb = feedback_turn_ids(fb, self.chat, self.tok.encode_batch, self.eos_id,
+                                           turn_closed=c.finish_reason == "stop")
+                out[i] = fb
+            return out
+
+        prompts = [self.prompt_tokens(t) for t in mine]
+        longest = max((len(p) for p in prompts), default=0)
+        budget = longest + rl.turns * rl.max_new_tokens + (rl.turns - 1) * (rl.feedback_max_tokens + 64)
+        eps = fsdp_generate_turns(ctx.model, prompts, rl.max_new_tokens, rl.turns, respond,
+                                  max_total_tokens=min(budget, ctx.model.args.max_seq_len), temperature=0.0,
+                                  stop_token_ids=[self.eos_id])
+        self.count_forward(sum(len(e.tokens) for e in eps))
+        res = [(mine[i], v) for i, v in verdicts.items()]
+        alls = [x for p in ctx.comm.all_gather_object(res) for x in p]
+        if ctx.tp_rank == 0:
+            self.reward.forget(keys)
+        # a task whose last verdict is sandbox_error is neither a pass nor a fail
+        scored = [v for _, v in alls if v and v[-1][1] != "sandbox_error"]
+        if not scored:
+            return {}
+        out: Dict[str, Any] = {"heldout_problems": len(scored), "heldout_samples": 1}
+        first = [next((t for t, st, _ in v if st == "ok"), None) for v in scored]
+        for t in range(1, rl.turns + 1):
+            out[f"heldout_pass_at_turn_{t}"] = float(np.mean([f is not None and f <= t for f in first]))
+        out["heldout_pass_at_1"] = out["heldout_pass_at_turn_1"]
+        out["heldout_fixed_by_feedback"] = float(np.mean([f is not None and f > 1 for f in first]))
+        sp = [x for v in scored for _, st, x in v if st == "ok" and x is not None]
         if sp:
             out["heldout_speedup"] = float(np.mean(sp))
         return out

@@ -154,6 +154,8 @@ def fsdp_generate_turns(model: nn.Module, prompts: List[List[int]], max_new_toke
     scored) and returns {episode: feedback ids, or None to end it}; `last` is True after turn
     `turns` (the return value is then ignored). `kwargs`: EpisodeBatch's sampling arguments."""
     with gathered_parameters(model) as whole:
+        if not prompts:  # a rank with nothing to generate still takes part in the gather
+            return []
         batch = EpisodeBatch(whole, prompts, max_new_tokens, max_total_tokens=max_total_tokens, **kwargs)
         batch.decode()
         answered = list(range(len(prompts)))  # turn 0 (some may have ended at their first token)
