@@ -267,7 +267,8 @@ def test_turn_settings_validate_in_one_line():
             cfg.rl.feedback_max_tokens) == (1, "last", 1.0, 0.0, "verdict", 256)
     load_config(None, ["rl.turn_reward=discounted", "rl.turn_discount=0.9", "rl.turn_cost=0.1", "rl.feedback=details"],
                 job="grpo")
-    for over, key in ((["rl.turns=2"], "rl.turns"), (["rl.turns=0"], "rl.turns"),
+    for over, key in ((["rl.turns=2", "generation.draft=ngram"], "generation.draft"), (["rl.turns=0"], "rl.turns"),
+                      (["rl.turns=2", "generation.weights=int8"], "generation.weights"),
                       (["rl.turn_reward=sum"], "rl.turn_reward"), (["rl.turn_discount=0"], "rl.turn_discount"),
                       (["rl.turn_discount=1.1"], "rl.turn_discount"), (["rl.turn_cost=-1"], "rl.turn_cost"),
                       (["rl.feedback=all"], "rl.feedback"), (["rl.feedback_max_tokens=4"], "rl.feedback_max_tokens")):
@@ -275,5 +276,4 @@ def test_turn_settings_validate_in_one_line():
             load_config(None, over, job="grpo")
         msg = str(ei.value)
         assert "\n" not in msg and msg.startswith(key + ":"), msg
-    with pytest.raises(ConfigError, match="not built yet"):
-        load_config(None, ["rl.turns=3"], job="grpo")
+    assert load_config(None, ["rl.turns=3"], job="grpo").rl.turns == 3  # GRPO, colocated: built (tests/test_grpo_turns.py)

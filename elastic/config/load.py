@@ -234,7 +234,7 @@ def _validate_rl(cfg: Config) -> None:
                f"below rl.kl_target would make the coefficient <= 0; rl.kl_horizon must be at least {n // 5 + 1}")
         _check(cfg.model.lora.rank == 0, "model.lora.rank", "PPO with LoRA is not supported yet (the critic is a full model)")
     _validate_rollout(rl)
-    _validate_turns(rl)
+    _validate_turns(rl, cfg)
     _validate_generation(cfg)
     _check(rl.prompts_per_step >= 1, "rl.prompts_per_step", f"must be >= 1, got {rl.prompts_per_step}")
     _check(rl.max_new_tokens >= 1, "rl.max_new_tokens", f"must be >= 1, got {rl.max_new_tokens}")
@@ -335,11 +335,20 @@ def _validate_rollout(rl) -> None:
     _check(rl.is_cap >= 1, "rl.is_cap", f"must be >= 1 (the largest importance weight a token gets), got {rl.is_cap}")
 
 
-def _validate_turns(rl) -> None:
-    """Multi-turn settings (issue 44): pieces exist, the jobs do not run episodes yet."""
+def _validate_turns(rl, cfg) -> None:
+    """Multi-turn settings (issue 44): GRPO runs episodes in the colocated placement, on the
+    static KV cache, full weights, no draft (elastic/train/fsdp_generate.py fsdp_generate_turns)."""
     _check(rl.turns >= 1, "rl.turns", f"must be >= 1 (1 = single turn), got {rl.turns}")
-    _check(rl.turns == 1, "rl.turns", f"multi-turn episodes are not built yet (issue 44: feedback, masks and episode "
-           f"rewards exist, the jobs do not run episodes); use 1, got {rl.turns}")
+    if rl.turns > 1:
+        _check(rl.algorithm == "grpo", "rl.turns", f"multi-turn episodes run with rl.algorithm grpo only (PPO's "
+               f"critic and GAE do not take feedback spans yet); got rl.turns {rl.turns} with {rl.algorithm}")
+        _check(rl.rollout.placement == "colocated", "rl.turns",
+               f"rl.turns > 1 runs colocated (rl.rollout.placement colocated), got {rl.rollout.placement}")
+        g = cfg.generation
+        _check(g.kv_cache == "static", "generation.kv_cache",
+               f"rl.turns > 1 runs on the static KV cache (episodes keep a slot), got {g.kv_cache}")
+        _check(g.draft == "none", "generation.draft", f"rl.turns > 1 runs without speculative decoding, got {g.draft}")
+        _check(g.weights == "full", "generation.weights", f"rl.turns > 1 generates with full weights, got {g.weights}")
     _check(rl.turn_reward in RL_TURN_REWARDS, "rl.turn_reward",
            f"must be one of {'|'.join(RL_TURN_REWARDS)}, got {rl.turn_reward!r}")
     _check(0 < rl.turn_discount <= 1, "rl.turn_discount", f"must be in (0, 1], got {rl.turn_discount}")

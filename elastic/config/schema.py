@@ -541,10 +541,10 @@ class RLSection:
     # as verl and AReaL do); none trains on them as they are. On-policy completions get none.
     is_correction: str = "tis"
     is_cap: float = 2.0
-    # Multi-turn episodes with execution feedback (issue 44; in progress, docs/grpo.md): up to
-    # `turns` answers per task, the verifier's feedback (elastic/reward/feedback.py) shown as the
-    # next user message after each failed one. 1 = single turn (today); > 1 is not built yet (the
-    # jobs do not run episodes) and is refused.
+    # Multi-turn episodes with execution feedback (issue 44, docs/grpo.md): up to `turns` answers
+    # per task, the verifier's feedback (elastic/reward/feedback.py) shown as the next user
+    # message after each failed one. 1 = single turn. > 1: GRPO, colocated placement, static KV
+    # cache, full generation weights, no draft (anything else is refused).
     turns: int = 1
     # The episode's reward: last (the final turn's) | discounted (sum of turn_discount^(k-1) x
     # turn k's reward), minus turn_cost per turn after the first.

@@ -1,4 +1,4 @@
-"""Execution feedback for multi-turn RL (issue 44, in progress): one door from a verifier's
+"""Execution feedback for multi-turn RL (issue 44): one door from a verifier's
 :class:`~elastic.reward.result.Result` to a short message the policy sees as its next user turn.
 
 ``feedback_text(result, kind, mode, max_bytes, task=None) -> Optional[str]``

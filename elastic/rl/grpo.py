@@ -78,6 +78,18 @@ class Rollout:
     # scoring temperature) and that version (elastic/rl/rollout/plan.py).
     behav_logp: Optional[np.ndarray] = None
     version: Optional[int] = None
+    # Multi-turn episodes (rl.turns > 1): `tokens` is everything after the prompt (answers and
+    # feedback); `spans` are the policy's answers as [start, end) into `tokens` (the only tokens
+    # in the loss, the KL and the entropy); `turns` one record per answered turn (key, status,
+    # reward, speedup, reason, tokens, text, finish).
+    spans: Optional[List[Tuple[int, int]]] = None
+    turns: Optional[List[Dict[str, Any]]] = None
+    episode_end: Optional[str] = None  # "done" (passed) | "turns" (rl.turns reached) | "length" (no room left)
+
+    @property
+    def policy_len(self) -> int:
+        """How many tokens the policy generated (all of `tokens` for a single-turn completion)."""
+        return len(self.tokens) if self.spans is None else sum(b - a for a, b in self.spans)
 
 
 @dataclass
@@ -172,6 +184,11 @@ def add_behaviour(b: Dict[str, np.ndarray], part: List[Rollout], step: int, quan
         behav[j, a:a + len(r.tokens)] = r.behav_logp
     b["behav_logp"] = behav
     b["off_policy"] = np.array([quantized or r.version < step for r in part], bool)
+
+
+def _first_pass(r: Rollout) -> Optional[int]:
+    """The first turn (1-based) of an episode that passed, or None (also for a single-turn row)."""
+    return next((t["turn"] for t in r.turns or [] if t.get("status") == "ok"), None)
 
 
 def decode_text(tok, ids: List[int]) -> str:
@@ -275,12 +292,13 @@ class GRPOJob(Job):
                 if not kept:
                     continue  # nothing to learn from this minibatch (all filtered): no optimizer step
                 self._counts = StepCounts(sequences=len(kept), tokens=max(1, int(outcome.lengths[kept].sum())),
-                                          max_new_tokens=rl.max_new_tokens)
+                                          max_new_tokens=rl.max_new_tokens * rl.turns)
                 micro, rows, pad = self._kept_micro_batches(m, part, by_k, outcome.keep,
                                                             lambda rs: self._micro_batches(rs, outcome))
-                yield Update(micro_batches=micro, normaliser=1.0, tokens=int(sum(len(r.tokens) for r in rows)),
+                yield Update(micro_batches=micro, normaliser=1.0, tokens=int(sum(r.policy_len for r in rows)),
                              compute_tokens=int(sum(len(r.prompt) + len(r.tokens) for r in rows + pad)))
-        self.reward.forget([r.key for r in rollouts])
+        self.reward.forget([r.key for r in rollouts if r.turns is None]
+                           + [t["key"] for r in rollouts if r.turns for t in r.turns])
         self._cursor = (step + 1) * rl.prompts_per_step
 
     def consumed_sample_ids(self) -> List[int]:
@@ -302,6 +320,12 @@ class GRPOJob(Job):
             return self._take(step, rows)
         seeds = [p["seed"] for p in plan]
         t0, c0 = time.perf_counter(), time.process_time()
+        if rl.turns > 1:
+            self._generate_episodes(rows, seeds)
+            self._gen_t0 = t0
+            self._metrics["generate_s"] = time.perf_counter() - t0  # with the reward waits between turns
+            self._metrics["_gen_tokens"] = sum(r.policy_len for r in rows)
+            return rows
         submitted = set()
 
         def on_finish(i: int, completion) -> None:  # stream each finished program to the pool
@@ -335,6 +359,91 @@ class GRPOJob(Job):
             self._metrics["spec_acceptance_rate"] = st.acceptance_rate
             self._metrics["spec_tokens_per_forward"] = st.tokens_per_round
         return rows
+
+    def _generate_episodes(self, rows: List[Rollout], seeds: List[int]) -> None:
+        """rl.turns > 1: each row is an episode (elastic/train/fsdp_generate.py fsdp_generate_turns).
+        After every round, each answered turn goes to the reward pool under f"{key}:t{turn}"; this
+        rank waits for those verdicts; a turn that did not pass (and is not the last) gets the
+        verifier's feedback (elastic/reward/feedback.py, rl.feedback) as the next user message,
+        its text capped at rl.feedback_max_tokens tokens. A passing turn, a sandbox_error (the
+        infrastructure's, not a verdict) or the last turn ends the episode. Seeds: turn t samples
+        with turn_seed(seed, t), so a resumed run reproduces the same episodes."""
+        from elastic.data.chat import feedback_turn_ids
+        from elastic.generation.episodes import turn_seed
+        from elastic.reward.feedback import MARKER, feedback_text
+        from elastic.reward.verifiers.registry import parse_kind
+        from elastic.rl.algorithms.turns import cap_tokens
+        from elastic.train.fsdp_generate import fsdp_generate_turns
+
+        rl = self.rl
+        kind = next((n for n, _ in parse_kind(self.ctx.cfg.reward.kind) if n != "model"), "")
+        marker = [e.ids for e in self.tok.encode_batch([MARKER])][0]
+        for r in rows:
+            r.turns, r.spans = [], []
+
+        def respond(answered, last: bool) -> Dict[int, Optional[List[int]]]:
+            items = []
+            for i, t, c in answered:
+                r = rows[i]
+                text = decode_text(self.tok, list(c.tokens))
+                key = f"{r.key}:t{t}"
+                r.turns.append({"turn": t + 1, "key": key, "tokens": len(c.tokens), "finish": c.finish_reason,
+                                "text": text, "seed": turn_seed(seeds[i], t)})
+                items.append((key, r.problem, text))
+            self.reward.submit(items, wait=False)
+            keys = [k for k, _, _ in items]
+            got: Dict[str, Any] = {}
+            while len(got) < len(keys):
+                got.update(self.reward.results([k for k in keys if k not in got], timeout_s=30.0))
+            out: Dict[int, Optional[List[int]]] = {}
+            for i, t, c in answered:
+                res = got[f"{rows[i].key}:t{t}"]
+                rec = rows[i].turns[-1]
+                rec.update(status=res.status, reward=float(res.reward), speedup=res.speedup,
+                           reason=(res.reason or "")[:300])
+                fb = None if last else feedback_text(res, kind, rl.feedback)
+                if fb is not None:
+                    ids = [e.ids for e in self.tok.encode_batch([fb])][0]
+                    if len(ids) > rl.feedback_max_tokens:  # the message's own tokens; the template's come on top
+                        fb = self.tok.decode(cap_tokens(ids, rl.feedback_max_tokens, marker), skip_special_tokens=False)
+                    rec["feedback"] = fb
+                    fb = feedback_turn_ids(fb, self.chat, self.tok.encode_batch, self.eos_id,
+                                           turn_closed=c.finish_reason == "stop")
+                out[i] = fb
+            return out
+
+        longest = max(len(r.prompt) for r in rows)
+        budget = longest + rl.turns * rl.max_new_tokens + (rl.turns - 1) * (rl.feedback_max_tokens + 64)
+        eps = fsdp_generate_turns(self.ctx.model, [r.prompt for r in rows], rl.max_new_tokens, rl.turns, respond,
+                                  max_total_tokens=min(budget, self.ctx.model.args.max_seq_len),
+                                  temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
+                                  stop_token_ids=[self.eos_id], seed=seeds)
+        for r, e in zip(rows, eps):
+            p = e.prompt_len
+            r.tokens = list(e.tokens[p:])
+            r.spans = [(a - p, b - p) for a, b in e.policy_spans]
+            r.episode_end = e.finish_reason
+            # the episode ran out of room, or its last answer was cut at max_new_tokens
+            r.truncated = e.finish_reason == "length" or e.finish_reasons[-1] == "length"
+
+    def _episode_result(self, r: Rollout) -> Any:
+        """An episode's verdict: the last turn's status and speed-up, the episode reward of its
+        turns' rewards (rl.turn_reward, rl.turn_discount, rl.turn_cost)."""
+        from types import SimpleNamespace
+
+        from elastic.rl.algorithms.turns import episode_reward
+
+        rl, last = self.rl, r.turns[-1]
+        return SimpleNamespace(reward=episode_reward([t["reward"] for t in r.turns], rl.turn_reward, rl.turn_discount,
+                                                     rl.turn_cost),
+                               status=last["status"], speedup=last["speedup"], reason=last["reason"])
+
+    def _episode_record(self, r: Rollout) -> Dict[str, Any]:
+        """rollouts.jsonl fields of an episode: every turn's verdict, its answer and the feedback it got."""
+        first = _first_pass(r)
+        return {"turns_used": len(r.turns), "episode_end": r.episode_end, "fixed_by_feedback": first is not None and first > 1,
+                "first_pass_turn": first, "policy_spans": [list(x) for x in r.spans],
+                "turns": [{k: v for k, v in t.items() if k != "key"} for t in r.turns]}
 
     def _draft_kwargs(self) -> Dict[str, Any]:
         """generate()'s speculative-decoding arguments from the `generation` section ({} when off);
@@ -401,7 +510,11 @@ class GRPOJob(Job):
             tokens[b, :n] = seq
             doc[b, :n] = 0
             pos[b, :n] = np.arange(n)
-            cmask[b, len(r.prompt):n] = 1.0
+            if r.spans is None:
+                cmask[b, len(r.prompt):n] = 1.0
+            else:  # multi-turn: the policy's answers only, never the feedback between them
+                for a, e in r.spans:
+                    cmask[b, len(r.prompt) + a:len(r.prompt) + e] = 1.0
         return {"tokens": tokens, "doc_ids": doc, "positions": pos, "cmask": cmask}
 
     @torch.no_grad()
@@ -442,15 +555,16 @@ class GRPOJob(Job):
     def _collect_rewards(self, step: int, prompts, rows: List[Rollout]) -> StepOutcome:
         rl = self.rl
         t0 = time.perf_counter()
-        keys = [r.key for r in rows]
-        got: Dict[str, Any] = {}
-        while len(got) < len(keys):
+        keys = [r.key for r in rows if r.turns is None]  # episodes were scored turn by turn
+        got: Dict[str, Any] = {r.key: self._episode_result(r) for r in rows if r.turns is not None}
+        while len(got) < len(rows):
             got.update(self.reward.results([k for k in keys if k not in got], timeout_s=30.0))
         self._metrics["reward_wait_s"] = time.perf_counter() - t0
         self._metrics["_reward_span_s"] = time.perf_counter() - self._gen_t0
         scores = self._rm_scores(rows)
         mine = [(r.k, float(got[r.key].reward) + self.rm_weight * (float(sc) if sc is not None else 0.0), got[r.key].status,
-                 len(r.tokens), r.truncated, got[r.key].speedup, sc) for r, sc in zip(rows, scores)]
+                 r.policy_len, r.truncated, got[r.key].speedup, sc, _first_pass(r),
+                 len(r.turns) if r.turns else 1) for r, sc in zip(rows, scores)]
         # Every completion with its verdict, for people reading what the policy writes (once:
         # tensor-parallel peers hold the same rows).
         path = os.path.join(self.ctx.local_dir, ROLLOUTS)
@@ -460,7 +574,8 @@ class GRPOJob(Job):
                                  "reward": res.reward + self.rm_weight * (sc or 0.0),
                                  **({"rm_score": sc} if sc is not None else {}),
                                  "speedup": res.speedup, "reason": (res.reason or "")[:300],
-                                 "tokens": len(r.tokens), "truncated": r.truncated, "completion": decode_text(self.tok, r.tokens)})
+                                 "tokens": r.policy_len, "truncated": r.truncated, "completion": decode_text(self.tok, r.tokens),
+                                 **(self._episode_record(r) if r.turns is not None else {})})
         parts = self.ctx.comm.all_gather_object(mine)
         everything = sorted((x for p in parts for x in p), key=lambda x: x[0])
         assert [x[0] for x in everything] == list(range(self.N)), "every completion of the step exactly once"
@@ -470,7 +585,7 @@ class GRPOJob(Job):
         trunc = np.array([x[4] for x in everything], bool)
         speedups = [x[5] for x in everything]
         rm_scores = [x[6] for x in everything if x[6] is not None]
-        shaped = raw + overlong_penalty(torch.from_numpy(lengths), torch.from_numpy(trunc), rl.max_new_tokens,
+        shaped = raw + overlong_penalty(torch.from_numpy(lengths), torch.from_numpy(trunc), rl.max_new_tokens * rl.turns,
                                         rl.overlong_buffer, rl.overlong_penalty, rl.truncation_penalty).numpy()
         valid = np.array([s != "sandbox_error" for s in statuses])
         P, G = rl.prompts_per_step, rl.group_size
@@ -503,6 +618,12 @@ class GRPOJob(Job):
             m["rm_score_mean"] = float(np.mean(rm_scores))
         for s in STATUS_RATES:
             m[f"{s}_rate"] = float(np.mean([x == s for x in statuses]))
+        if rl.turns > 1:  # the share of episodes passed by turn t, and of those fixed by feedback
+            first = [x[7] for x in everything]
+            for t in range(1, rl.turns + 1):
+                m[f"pass_at_turn_{t}"] = float(np.mean([f is not None and f <= t for f in first]))
+            m["fixed_by_feedback_rate"] = float(np.mean([f is not None and f > 1 for f in first]))
+            m["turns_mean"] = float(np.mean([x[8] for x in everything]))
         self._metrics.update(m)
         return StepOutcome(shaped, raw, statuses, lengths, trunc, speedups, keep, adv, zero_var, m)
 
@@ -577,6 +698,8 @@ class GRPOJob(Job):
 
         rl, ctx = self.rl, self.ctx
         n = rl.eval_samples
+        if rl.turns > 1 and n == 1:
+            return self._heldout_eval_turns(step)
         items = [(t, j) for t in self.heldout for j in range(n)]
         mine = items[ctx.rank::ctx.world_size]
         if n == 1:
@@ -618,6 +741,79 @@ class GRPOJob(Job):
             if pk is not None:
                 out[f"heldout_pass_at_{kk}"] = pk
         sp = [x for _, st, x in alls if st == "ok" and x is not None]
+        if sp:
+            out["heldout_speedup"] = float(np.mean(sp))
+        return out
+
+    def _heldout_eval_turns(self, step: int) -> Dict[str, Any]:
+        """rl.turns > 1 with rl.eval_samples 1: one greedy episode per held-out task, feedback as
+        in training; `heldout_pass_at_turn_t` is the share of tasks passed by turn t (the pass@t
+        curve; `heldout_pass_at_1` is turn 1's, the single-turn greedy pass@1). Every turn's
+        verdict goes to eval_verdicts.jsonl (with its `turn`)."""
+        from elastic.data.chat import feedback_turn_ids
+        from elastic.reward.feedback import MARKER, feedback_text
+        from elastic.reward.verifiers.registry import parse_kind
+        from elastic.rl.algorithms.turns import cap_tokens
+        from elastic.train.fsdp_generate import fsdp_generate_turns
+
+        rl, ctx = self.rl, self.ctx
+        kind = next((nm for nm, _ in parse_kind(ctx.cfg.reward.kind) if nm != "model"), "")
+        marker = [e.ids for e in self.tok.encode_batch([MARKER])][0]
+        mine = self.heldout[ctx.rank::ctx.world_size]
+        verdicts: Dict[int, List[Tuple[int, str, Optional[float]]]] = {i: [] for i in range(len(mine))}
+        keys: List[str] = []
+        path = os.path.join(ctx.local_dir, EVAL_VERDICTS)
+
+        def respond(answered, last: bool) -> Dict[int, Optional[List[int]]]:
+            items = []
+            for i, t, c in answered:
+                key = f"{self.run_name}:eval{step}:{mine[i]}:0:t{t}"
+                items.append((key, mine[i], decode_text(self.tok, list(c.tokens))))
+            keys.extend(k for k, _, _ in items)
+            self.reward.submit(items, wait=False)  # tensor-parallel peers: the service keeps one per key
+            got: Dict[str, Any] = {}
+            while len(got) < len(items):
+                got.update(self.reward.results([k for k, _, _ in items if k not in got], timeout_s=30.0))
+            out: Dict[int, Optional[List[int]]] = {}
+            for (i, t, c), (key, task, text) in zip(answered, items):
+                res = got[key]
+                verdicts[i].append((t + 1, res.status, res.speedup))
+                if ctx.tp_rank == 0:
+                    append_record(path, {"step": step, "task": task, "sample": 0, "turn": t + 1, "status": res.status,
+                                         "reward": res.reward, "speedup": res.speedup, "reason": (res.reason or "")[:300],
+                                         "completion": text[:4000]})
+                fb = None if last else feedback_text(res, kind, rl.feedback)
+                if fb is not None:
+                    ids = [e.ids for e in self.tok.encode_batch([fb])][0]
+                    if len(ids) > rl.feedback_max_tokens:
+                        fb = self.tok.decode(cap_tokens(ids, rl.feedback_max_tokens, marker), skip_special_tokens=False)
+                    fb = feedback_turn_ids(fb, self.chat, self.tok.encode_batch, self.eos_id,
+                                           turn_closed=c.finish_reason == "stop")
+                out[i] = fb
+            return out
+
+        prompts = [self.prompt_tokens(t) for t in mine]
+        longest = max((len(p) for p in prompts), default=0)
+        budget = longest + rl.turns * rl.max_new_tokens + (rl.turns - 1) * (rl.feedback_max_tokens + 64)
+        eps = fsdp_generate_turns(ctx.model, prompts, rl.max_new_tokens, rl.turns, respond,
+                                  max_total_tokens=min(budget, ctx.model.args.max_seq_len), temperature=0.0,
+                                  stop_token_ids=[self.eos_id])
+        self.count_forward(sum(len(e.tokens) for e in eps))
+        res = [(mine[i], v) for i, v in verdicts.items()]
+        alls = [x for p in ctx.comm.all_gather_object(res) for x in p]
+        if ctx.tp_rank == 0:
+            self.reward.forget(keys)
+        # a task whose last verdict is sandbox_error is neither a pass nor a fail
+        scored = [v for _, v in alls if v and v[-1][1] != "sandbox_error"]
+        if not scored:
+            return {}
+        out: Dict[str, Any] = {"heldout_problems": len(scored), "heldout_samples": 1}
+        first = [next((t for t, st, _ in v if st == "ok"), None) for v in scored]
+        for t in range(1, rl.turns + 1):
+            out[f"heldout_pass_at_turn_{t}"] = float(np.mean([f is not None and f <= t for f in first]))
+        out["heldout_pass_at_1"] = out["heldout_pass_at_turn_1"]
+        out["heldout_fixed_by_feedback"] = float(np.mean([f is not None and f > 1 for f in first]))
+        sp = [x for v in scored for _, st, x in v if st == "ok" and x is not None]
         if sp:
             out["heldout_speedup"] = float(np.mean(sp))
         return out

@@ -15,7 +15,7 @@ and verl / TRL where they have one. The per-worker jobs in elastic/rl call them.
 - :mod:`~elastic.rl.algorithms.dpo_loss`: DPO / IPO losses (``dpo.loss_type``).
 - :mod:`~elastic.rl.algorithms.logprobs`: float32 chunked log-probs of given tokens (with exact backward), entropy.
 - :mod:`~elastic.rl.algorithms.overlong`: DAPO-style length penalty (``rl.overlong_*``, ``rl.truncation_penalty``).
-- :mod:`~elastic.rl.algorithms.turns`: multi-turn episodes (in progress): episode reward (``rl.turn_reward``),
+- :mod:`~elastic.rl.algorithms.turns`: multi-turn episodes: episode reward (``rl.turn_reward``),
   the policy-token loss mask, the feedback token cap (``rl.feedback_max_tokens``).
 
 A new advantage estimator, loss or KL term goes here as a function with shapes in its docstring,

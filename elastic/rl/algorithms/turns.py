@@ -1,4 +1,4 @@
-"""Multi-turn episodes (issue 44, in progress): an episode's reward, the policy-token loss mask,
+"""Multi-turn episodes (issue 44): an episode's reward, the policy-token loss mask,
 and the token cap on feedback. Pure torch, nothing of ours imported.
 
 An episode is ``k`` turns of one task: the policy answers, the verifier's feedback
@@ -12,8 +12,8 @@ before the ratio, the KL and the entropy sum) and the ``response_mask`` of
 :mod:`~elastic.rl.algorithms.gae` (``skip_masked=True`` bootstraps across observation spans, verl's
 layout), so feedback tokens are context only: they change no gradient.
 
-Not built yet: the GRPO/PPO jobs do not run episodes; ``rl.turns > 1`` is refused at config
-time (docs/grpo.md, "Multi-turn (in progress)").
+The GRPO job runs episodes in the colocated placement (elastic/rl/grpo.py ``_generate_episodes``;
+docs/grpo.md, "Multi-turn"); PPO and the disaggregated placement refuse ``rl.turns > 1``.
 """
 
 from __future__ import annotations
