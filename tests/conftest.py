@@ -63,3 +63,24 @@ def pytest_report_header(config):
         return f"sandbox isolation layers: {detect().report()}"
     except Exception as e:  # the header must never break collection
         return f"sandbox isolation layers: detection failed ({type(e).__name__}: {e})"
+
+
+_FILE_SECONDS: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    """Add each phase's seconds (setup, call, teardown) to its test file's total."""
+    f = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[f] = _FILE_SECONDS.get(f, 0.0) + float(report.duration or 0.0)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Seconds per test file, slowest first, beside the per-test --durations list: the suite's time
+    budget (50 minutes in CI) is spent file by file, and this is where a cut pays."""
+    if not _FILE_SECONDS:
+        return
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_sep("=", f"seconds per test file (all phases; {total:.0f} s in all)")
+    for f, s in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1]):
+        if s >= 1.0:
+            terminalreporter.write_line(f"{s:8.1f}s {100 * s / total:5.1f}%  {f}")
