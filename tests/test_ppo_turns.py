@@ -55,8 +55,9 @@ def test_ppo_with_turns_loads_and_disaggregated_is_still_refused():
 #   j=1: delta = 0 + 0.5*0.5 - 0.25 = 0  (V of position 4)    A = 0 + 0.25*(-0.3125) = -0.078125
 #   j=0: delta = -0.5 + 0.5*0.25 - 0.5 = -0.875               A = -0.875 + 0.25*(-0.078125) = -0.89453125
 # returns = A + V = -0.39453125, 0.171875, 0.1875, 0.5
-# Row 1, an episode that ran out of room after feedback: answer [0, 3), feedback [3, 5): its reward
-# -1 lands on position 2, not on the last token. Row 2, single turn, 7 tokens. Row 3: dropped.
+# Row 1 ends on feedback: answer [0, 3), feedback [3, 5) (EpisodeBatch never appends feedback
+# without room for an answer, but the mask decides, not the row's length): its reward -1 lands on
+# position 2, not on the last token. Row 2, single turn, 7 tokens. Row 3: dropped.
 def _by_hand_rows():
     rows = [_row(0, 6, [(0, 2), (4, 6)], kl=[1, 0, 5, 5, 0, 1]), _row(1, 5, [(0, 3)], kl=[0, 0, 0, 5, 5]),
             _row(2, 7), _row(3, 4, [(0, 2)])]
@@ -95,7 +96,7 @@ def test_rank_gae_equals_gae_over_the_policy_tokens_alone_concatenated():
             n_ans, n_fb = int(rng.integers(1, 6)), int(rng.integers(1, 5))
             spans.append((pos, pos + n_ans))
             pos += n_ans + n_fb
-        n = pos if rng.random() < 0.3 else spans[-1][1]  # sometimes the row ends on feedback (out of room)
+        n = pos if rng.random() < 0.3 else spans[-1][1]  # sometimes the row ends on feedback (the mask decides)
         rows.append(_row(k, n, spans, kl=rng.normal(size=n)))
         values[k] = rng.normal(size=n)
     rewards, keep = rng.normal(size=6), np.ones(6, bool)
