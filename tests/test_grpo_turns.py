@@ -143,7 +143,8 @@ def test_ppo_two_turn_episodes_run_with_a_critic(ray_local, tmp_path):
     """rl.algorithm ppo with rl.turns 2 (elastic/rl/ppo.py rank_gae: GAE over the policy's tokens,
     feedback spans skipped; its math is checked without Ray in tests/test_ppo_turns.py): a 2-step
     run on 1 worker, no held-out eval. Its episodes are GRPO's (same records); the critic trains
-    on them. Marked slow: its own Ray Train launch (about 3 min on 2 busy cores)."""
+    on them. Marked slow: its own Ray Train launch (114 s on 2 busy cores, where the module
+    fixture's GRPO run took 133 s)."""
     from elastic.launch.grpo import run_grpo
     from tests.hf_helpers import make_hf_dir
 
