@@ -3,7 +3,8 @@ cluster: a tiny random-init policy answers, the CPU reward pool scores every tur
 verifier: a pattern random text sometimes contains), a turn that did not pass gets the verdict as
 the next user message and the policy answers again. Checks the episode records (per-turn
 verdicts, transcripts), the pass@t metrics, that feedback tokens are outside the loss mask, and
-that a run stopped after step 1 and resumed reproduces the same episodes."""
+that a run stopped after step 1 and resumed reproduces the same episodes; and (slow) that PPO
+runs the same episodes with its critic (tests/test_ppo_turns.py checks PPO's GAE on them)."""
 
 from __future__ import annotations
 
@@ -135,3 +136,33 @@ def test_grpo_two_turn_run_stopped_and_resumed_reproduces_its_episodes(two_turns
     assert {k: key(v) for k, v in rb.items()} == {k: key(v) for k, v in rolls.items()}
     mb = read_jsonl(tmp_path / "runs" / "b" / "metrics.jsonl")
     np.testing.assert_allclose([x["loss"] for x in mb], [x["loss"] for x in m], rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.slow
+def test_ppo_two_turn_episodes_run_with_a_critic(ray_local, tmp_path):
+    """rl.algorithm ppo with rl.turns 2 (elastic/rl/ppo.py rank_gae: GAE over the policy's tokens,
+    feedback spans skipped; its math is checked without Ray in tests/test_ppo_turns.py): a 2-step
+    run on 1 worker, no held-out eval. Its episodes are GRPO's (same records); the critic trains
+    on them. Marked slow: its own Ray Train launch (114 s on 2 busy cores, where the module
+    fixture's GRPO run took 133 s)."""
+    from elastic.launch.grpo import run_grpo
+    from tests.hf_helpers import make_hf_dir
+
+    base = tmp_path / "base"
+    make_hf_dir(base, "llama")
+    cfg = _overrides(tmp_path, base, "ppo", 2, **{"rl.algorithm": "ppo", "rl.eval_every": 0, "rl.group_size": 2,
+                                                  "rl.micro_batch_size": 2, "rl.critic_lr": 1e-3,
+                                                  "checkpoint.every_steps": 2, "data.ledger": "false",
+                                                  "scaling.min_workers": 1, "scaling.max_workers": 1})
+    res = run_grpo(cfg, progress=False)
+    assert res.checkpoint.endswith("step_00000002") and not res.stopped
+    rolls = read_jsonl(tmp_path / "runs" / "ppo" / "rollouts.jsonl")
+    assert sorted((r["step"], r["k"]) for r in rolls) == [(s, k) for s in (1, 2) for k in range(4)]
+    for r in rolls:
+        assert 1 <= r["turns_used"] == len(r["turns"]) <= 2 and r["tokens"] == sum(b - a for a, b in r["policy_spans"])
+    m = read_jsonl(tmp_path / "runs" / "ppo" / "metrics.jsonl")
+    assert [x["step"] for x in m] == [1, 2]
+    for x in m:
+        assert x["algorithm"] == "ppo" and np.isfinite(x["value_loss"]) and np.isfinite(x["returns_mean"])
+        assert "pass_at_turn_2" in x and x["kl_coef"] == 0.05
+    print("ppo turns", [(x["step"], x["turns_mean"], x["pass_at_turn_1"], x["pass_at_turn_2"], x["value_loss"]) for x in m])

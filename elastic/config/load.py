@@ -336,12 +336,10 @@ def _validate_rollout(rl) -> None:
 
 
 def _validate_turns(rl, cfg) -> None:
-    """Multi-turn settings (issue 44): GRPO runs episodes in the colocated placement, on the
-    static KV cache, full weights, no draft (elastic/train/fsdp_generate.py fsdp_generate_turns)."""
+    """Multi-turn settings (issue 44): GRPO and PPO run episodes in the colocated placement, on
+    the static KV cache, full weights, no draft (elastic/train/fsdp_generate.py fsdp_generate_turns)."""
     _check(rl.turns >= 1, "rl.turns", f"must be >= 1 (1 = single turn), got {rl.turns}")
     if rl.turns > 1:
-        _check(rl.algorithm == "grpo", "rl.turns", f"multi-turn episodes run with rl.algorithm grpo only (PPO's "
-               f"critic and GAE do not take feedback spans yet); got rl.turns {rl.turns} with {rl.algorithm}")
         _check(rl.rollout.placement == "colocated", "rl.turns",
                f"rl.turns > 1 runs colocated (rl.rollout.placement colocated), got {rl.rollout.placement}")
         g = cfg.generation

@@ -297,9 +297,13 @@ class GRPOJob(Job):
                                                             lambda rs: self._micro_batches(rs, outcome))
                 yield Update(micro_batches=micro, normaliser=1.0, tokens=int(sum(r.policy_len for r in rows)),
                              compute_tokens=int(sum(len(r.prompt) + len(r.tokens) for r in rows + pad)))
-        self.reward.forget([r.key for r in rollouts if r.turns is None]
-                           + [t["key"] for r in rollouts if r.turns for t in r.turns])
+        self._forget(rollouts)
         self._cursor = (step + 1) * rl.prompts_per_step
+
+    def _forget(self, rows: List[Rollout]) -> None:
+        """Drop the step's results from the reward service: a completion's key, each of an
+        episode's turn keys (f"{key}:t{turn}"; an episode was scored turn by turn)."""
+        self.reward.forget([r.key for r in rows if r.turns is None] + [t["key"] for r in rows if r.turns for t in r.turns])
 
     def consumed_sample_ids(self) -> List[int]:
         ids, self._step_ids = self._step_ids, []

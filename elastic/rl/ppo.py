@@ -20,6 +20,18 @@ policy objective and its aggregation modes. What PPO adds, one global step s:
    (elastic/rl/algorithms/value_loss.py). The critic has its own AdamW (`rl.critic_lr`), stepped after the
    policy's, its gradients clipped at `train.grad_clip`.
 
+Multi-turn episodes (`rl.turns > 1`, colocated; issue 44): GRPO's episode generation as it is
+(`GRPOJob._generate` -> `_generate_episodes`: the row's `tokens` are answers and feedback,
+`spans` the policy's answers, the reward `episode_reward` of the turns'). What PPO does with such
+a row (:func:`rank_gae`, :func:`ppo_loss`): the critic's values over the whole sequence; the
+response mask is the policy's spans (feedback tokens are observations inside the response, verl's
+multi-turn layout); the episode reward on the last policy token and the KL penalty on policy
+tokens only; GAE with `skip_masked=True` (verl main's "skip values and TD-error on observation
+tokens"), so the advantages and returns of an episode's policy tokens are those of GAE over its
+policy tokens alone, concatenated: a feedback span is no time step, its values and rewards are
+never read. Whitening statistics, the value loss, the clipped policy loss and the entropy
+statistic (there is no entropy bonus term) count policy tokens only.
+
 Exact resume: the critic and its optimizer are checkpointed with the policy (the loop's `aux`
 modules, one DCP checkpoint, reshardable), the KL controller's state and the prompt cursor are in
 the job state; sampling seeds derive from the step. A run stopped and resumed, at any world
@@ -30,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -42,6 +54,7 @@ from elastic.rl.algorithms.kl_controller import build_kl_controller, kl_controll
 from elastic.rl.algorithms.logprobs import token_entropy, token_logprobs
 from elastic.rl.algorithms.loss import grpo_loss
 from elastic.rl.prompts import completion_id, flat, group_of
+from elastic.rl.algorithms.turns import policy_token_mask
 from elastic.rl.algorithms.value_loss import clipped_value_loss
 from elastic.train.job import Update, WorkerContext
 from elastic.train.step import LossFn, LossOutput, Micro, StepOutput, batch_attention, to_device
@@ -52,6 +65,95 @@ def critic_config(cfg):
     src = cfg.rl.critic_init or cfg.reward.model_path or cfg.model.init_from
     lora = dataclasses.replace(cfg.model.lora, rank=0)
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, init_from=src, num_labels=1, lora=lora))
+
+
+def response_mask(r: Rollout, T: int) -> torch.Tensor:
+    """``[T]`` float64: 1 on the tokens the policy generated in ``r.tokens`` (all of a
+    single-turn completion; an episode's answer spans, not the feedback between them), 0 after."""
+    if r.spans is not None:
+        return policy_token_mask(list(r.spans), T).to(torch.float64)
+    m = torch.zeros(T, dtype=torch.float64)
+    m[:len(r.tokens)] = 1.0
+    return m
+
+
+class RankGAE(NamedTuple):
+    """:func:`rank_gae`'s result: each ``[B, T]`` float64 over the rows' ``tokens``."""
+
+    mask: torch.Tensor        # 1 on the policy's tokens of kept rows
+    values: torch.Tensor      # V at rollout time (every token, feedback included)
+    kl: torch.Tensor          # log pi_old - log pi_ref on mask tokens, 0 elsewhere
+    rewards: torch.Tensor     # token-level rewards
+    advantages: torch.Tensor  # raw GAE advantages (not whitened), 0 off the mask
+    returns: torch.Tensor     # advantages + values on the mask, 0 off it
+
+
+def rank_gae(rows: List[Rollout], values: Dict[int, np.ndarray], rewards: np.ndarray, keep: np.ndarray,
+             kl_coef: float, gamma: float, lam: float) -> RankGAE:
+    """This rank's GAE before the step-wide whitening (:class:`RankGAE`, B = len(rows), T = the
+    longest ``tokens``).
+
+    ``values[k]`` (``[len(tokens)]``): the critic's V at every token after the prompt, feedback
+    included; ``rewards [N]`` the step's shaped sequence (episode) rewards by k; ``keep [N]``
+    False for a dropped row (its mask is all 0: no score, no advantage). ``mask`` is
+    :func:`response_mask` of each kept row; ``kl`` = log pi_old - log pi_ref on mask tokens (0
+    elsewhere, and 0 without reference log-probs). Token rewards: the row's reward on its last
+    mask token (an episode's last policy token), minus ``kl_coef * kl``
+    (:func:`~elastic.rl.algorithms.gae.token_level_rewards`). GAE is verl main's
+    ``compute_gae_advantage_return`` (``skip_masked=True``: a masked position carries the next
+    policy token's value and lastgaelam through unchanged), so on a multi-turn row the result
+    equals GAE over its policy tokens alone, concatenated; what the critic or the rewards hold at
+    feedback positions is never read."""
+    T = max(1, max(len(r.tokens) for r in rows))
+    B = len(rows)
+    mask = torch.zeros(B, T, dtype=torch.float64)
+    vals = torch.zeros(B, T, dtype=torch.float64)
+    kl = torch.zeros(B, T, dtype=torch.float64)
+    scores = torch.zeros(B, dtype=torch.float64)
+    for b, r in enumerate(rows):
+        n = len(r.tokens)
+        if keep[r.k]:
+            mask[b] = response_mask(r, T)
+        vals[b, :n] = torch.from_numpy(np.asarray(values[r.k], np.float64))
+        if r.ref_logp is not None:
+            kl[b, :n] = torch.from_numpy(r.old_logp.astype(np.float64) - r.ref_logp.astype(np.float64))
+        scores[b] = float(rewards[r.k])
+    kl = torch.where(mask.bool(), kl, torch.zeros((), dtype=torch.float64))  # feedback is not the policy's action
+    tok_rewards = token_level_rewards(scores, mask, kl if kl_coef else None, kl_coef)
+    raw, ret = gae_advantages_returns(tok_rewards, vals, mask, gamma, lam, skip_masked=True, whiten=False)
+    return RankGAE(mask, vals, kl, tok_rewards, raw, ret)
+
+
+def ppo_loss(logits: torch.Tensor, values: torch.Tensor, mb: Micro, rl, counts: StepCounts, pg_coef: float) -> LossOutput:
+    """One micro-batch's PPO loss: ``pg_coef`` x the clipped policy loss on the token advantages
+    plus ``rl.vf_coef`` x the clipped value loss, and their statistics.
+
+    ``logits [B, L-1, V]`` (the policy's, differentiable) and ``values [B, L-1]`` (the critic's)
+    at positions 0..L-2, each predicting / valuing token t+1 of ``mb["tokens"] [B, L]``; ``mb``
+    from ``PPOJob._ppo_micro_batches`` (``cmask``, ``old_logp``, ``adv_tok``, ``returns``,
+    ``old_values``, maybe ``ref_logp`` and behaviour log-probs, aligned with the tokens). Both
+    losses, the KL and the entropy statistic are over ``cmask`` (1 on the policy's own tokens: in
+    an episode, not on feedback), each masked input zeroed with ``torch.where`` before any
+    arithmetic, so logits, values, advantages or returns at feedback positions change no gradient."""
+    temp = scoring_temperature(rl)
+    targets, mask = mb["tokens"][:, 1:], mb["cmask"][:, 1:]
+    logp = token_logprobs(logits, targets, temp)
+    with torch.no_grad():
+        ent = token_entropy(logits, temp)
+    ref = mb["ref_logp"][:, 1:] if "ref_logp" in mb else None
+    is_w, is_stats = off_policy_weights(rl, mb, mb["old_logp"][:, 1:], mask)
+    pg, stats = grpo_loss(logp, mb["old_logp"][:, 1:], mb["adv_tok"][:, 1:], mask, loss_agg=rl.loss_agg, counts=counts,
+                          clip_low=rl.clip_low, clip_high=rl.clip_high, clip_ratio_c=rl.clip_ratio_c,
+                          ref_logp=ref, kl_coef=0.0, kl_estimator=rl.kl_estimator, entropy=ent, is_weights=is_w)
+    vf, vclip = clipped_value_loss(values, mb["old_values"][:, 1:], mb["returns"][:, 1:], mask, rl.cliprange_value,
+                                   rl.loss_agg, counts=counts)
+    total = pg_coef * pg + rl.vf_coef * vf
+    stats = {**stats, **is_stats}
+    stats["loss_sum"] = stats["loss"] * pg_coef + rl.vf_coef * vf.detach().double()
+    stats["vf_loss"] = vf.detach().double()
+    stats["vf_clipped_tokens"] = (vclip.double() * (mask != 0).sum()).detach()
+    stats["vf_tokens"] = (mask != 0).sum().double()
+    return LossOutput(total, stats)
 
 
 class PPOJob(GRPOJob):
@@ -115,13 +217,14 @@ class PPOJob(GRPOJob):
                 kept = [k for k in mb_ks if keep[k]]
                 if not kept:
                     continue
+                # lengths count policy tokens (an episode's answers); an episode's bound is turns x max_new_tokens
                 self._counts = StepCounts(sequences=len(kept), tokens=max(1, int(outcome.lengths[kept].sum())),
-                                          max_new_tokens=rl.max_new_tokens)
+                                          max_new_tokens=rl.max_new_tokens * rl.turns)
                 micro, part_rows, pad = self._kept_micro_batches(
                     m, part, by_k, keep, lambda rs: self._ppo_micro_batches(rs, keep, values, adv, ret))
-                yield Update(micro_batches=micro, normaliser=1.0, tokens=int(sum(len(r.tokens) for r in part_rows)),
+                yield Update(micro_batches=micro, normaliser=1.0, tokens=int(sum(r.policy_len for r in part_rows)),
                              compute_tokens=2 * int(sum(len(r.prompt) + len(r.tokens) for r in part_rows + pad)))
-        self.reward.forget([r.key for r in rows])
+        self._forget(rows)
         self._cursor = (step + 1) * rl.prompts_per_step
 
     def _old_and_ref(self, rows: List[Rollout]) -> None:
@@ -135,7 +238,8 @@ class PPOJob(GRPOJob):
 
     @torch.no_grad()
     def _values(self, rows: List[Rollout]) -> Dict[int, np.ndarray]:
-        """V at each completion token (the critic's head at the position before it), by k."""
+        """V at each token after the prompt (the critic's head at the position before it), by k:
+        an episode's feedback tokens too (GAE skips them, the value loss masks them)."""
         out: Dict[int, np.ndarray] = {}
         mbs = self.rl.micro_batch_size
         for i in range(0, len(rows), mbs):
@@ -153,24 +257,9 @@ class PPOJob(GRPOJob):
         """Token advantages (whitened over the whole step) and returns of this rank's rows, by k."""
         rl, comm = self.rl, self.ctx.comm
         coef = self.kl_ctl.value if self.ref_model is not None else 0.0
-        T = max(1, max(len(r.tokens) for r in rows))
-        B = len(rows)
-        mask = torch.zeros(B, T, dtype=torch.float64)
-        vals = torch.zeros(B, T, dtype=torch.float64)
-        kl = torch.zeros(B, T, dtype=torch.float64)
-        scores = torch.zeros(B, dtype=torch.float64)
-        for b, r in enumerate(rows):
-            n = len(r.tokens)
-            if keep[r.k]:
-                mask[b, :n] = 1.0
-            vals[b, :n] = torch.from_numpy(values[r.k])
-            if r.ref_logp is not None:
-                kl[b, :n] = torch.from_numpy(r.old_logp.astype(np.float64) - r.ref_logp.astype(np.float64))
-            scores[b] = float(outcome.rewards[r.k])
-        rewards = token_level_rewards(scores, mask, kl if coef else None, coef)
-        raw, ret = gae_advantages_returns(rewards, vals, mask, rl.gamma, rl.lam, whiten=False)
-        # whitening over every kept completion token of the step, on all ranks (verl's
-        # masked_whiten: unbiased variance), then the KL the controller sees
+        mask, vals, kl, _, raw, ret = rank_gae(rows, values, outcome.rewards, keep, coef, rl.gamma, rl.lam)
+        # whitening over every kept policy token of the step, on all ranks (verl's masked_whiten:
+        # unbiased variance; raw is 0 off the mask), then the KL the controller sees
         seq_kl = ((kl * mask).sum(-1) / mask.sum(-1).clamp_min(1)).sum()
         n_seq = float((mask.sum(-1) > 0).sum())
         sums = comm.sum([float(raw.sum()), float((raw ** 2).sum()), float(mask.sum()), float(seq_kl), n_seq,
@@ -221,30 +310,11 @@ class PPOJob(GRPOJob):
     # ------------------------------------------------------------------ loss
     def loss_fn(self) -> LossFn:
         rl = self.rl
-        temp = scoring_temperature(rl)
 
         def loss(model, mb: Micro) -> LossOutput:
-            counts = self._counts
             logits = model(mb["tokens"], mb["positions"], mb["doc_ids"], batch_attention(model, mb))[:, :-1].float()
-            targets, mask = mb["tokens"][:, 1:], mb["cmask"][:, 1:]
-            logp = token_logprobs(logits, targets, temp)
-            with torch.no_grad():
-                ent = token_entropy(logits, temp)
-            ref = mb["ref_logp"][:, 1:] if "ref_logp" in mb else None
-            is_w, is_stats = off_policy_weights(rl, mb, mb["old_logp"][:, 1:], mask)
-            pg, stats = grpo_loss(logp, mb["old_logp"][:, 1:], mb["adv_tok"][:, 1:], mask, loss_agg=rl.loss_agg, counts=counts,
-                                  clip_low=rl.clip_low, clip_high=rl.clip_high, clip_ratio_c=rl.clip_ratio_c,
-                                  ref_logp=ref, kl_coef=0.0, kl_estimator=rl.kl_estimator, entropy=ent, is_weights=is_w)
             v = self.critic(mb["tokens"], mb["positions"], mb["doc_ids"], batch_attention(self.critic, mb))[:, :-1, 0].float()
-            vf, vclip = clipped_value_loss(v, mb["old_values"][:, 1:], mb["returns"][:, 1:], mask, rl.cliprange_value,
-                                           rl.loss_agg, counts=counts)
-            total = self._pg_coef * pg + rl.vf_coef * vf
-            stats = {**stats, **is_stats}
-            stats["loss_sum"] = stats["loss"] * self._pg_coef + rl.vf_coef * vf.detach().double()
-            stats["vf_loss"] = vf.detach().double()
-            stats["vf_clipped_tokens"] = (vclip.double() * (mask != 0).sum()).detach()
-            stats["vf_tokens"] = (mask != 0).sum().double()
-            return LossOutput(total, stats)
+            return ppo_loss(logits, v, mb, rl, self._counts, self._pg_coef)
 
         return loss
 
