@@ -130,8 +130,10 @@ def _episodes(path):
 def test_disaggregated_two_turn_run_at_staleness_0_reproduces_the_colocated_run(two_turns):
     """The same config with a rollout fleet of 2 actors (one unit per trainer rank: the batches the
     colocated ranks play) at max_staleness 0: every episode (tokens, spans, per-turn verdicts and
-    feedback, seeds) and every loss as the colocated run's. Held-out evaluation is off here (it runs
-    on the trainers in both placements; it does not touch the training)."""
+    feedback, seeds; step 2's from weights the trainers published), every loss and gradient norm
+    as the colocated run's. Held-out evaluation is off here (it runs on the trainers in both
+    placements and does not touch the training). Nearly all of its time is starting the Ray job
+    (trainers, fleet, reward pool); a step is about 2 s."""
     from elastic.launch.grpo import run_grpo
 
     tmp_path, base = two_turns
@@ -140,6 +142,7 @@ def test_disaggregated_two_turn_run_at_staleness_0_reproduces_the_colocated_run(
         "scaling.cpus_per_worker": 0.5, "rl.max_staleness": 0, "rl.eval_every": 0}), progress=False)
     ra, rd = _episodes(tmp_path / "runs" / "a" / "rollouts.jsonl"), _episodes(tmp_path / "runs" / "d" / "rollouts.jsonl")
     assert sorted(rd) == sorted(ra) and rd == ra
+    assert any(len(json.loads(v[-1])) == 2 for v in rd.values()), "no episode got feedback"
     ma, md = read_jsonl(tmp_path / "runs" / "a" / "metrics.jsonl"), read_jsonl(tmp_path / "runs" / "d" / "metrics.jsonl")
     assert [x["step"] for x in md] == [1, 2]
     for a, d in zip(ma, md):
