@@ -1,10 +1,11 @@
-"""Multi-turn GRPO (issue 44, rl.turns > 1, colocated placement) end to end on a real local Ray
-cluster: a tiny random-init policy answers, the CPU reward pool scores every turn (the `regex`
+"""Multi-turn GRPO (issue 44, rl.turns > 1) end to end on a real local Ray cluster: a tiny random-init policy answers, the CPU reward pool scores every turn (the `regex`
 verifier: a pattern random text sometimes contains), a turn that did not pass gets the verdict as
 the next user message and the policy answers again. Checks the episode records (per-turn
 verdicts, transcripts), the pass@t metrics, that feedback tokens are outside the loss mask, and
-that a run stopped after step 1 and resumed reproduces the same episodes; and (slow) that PPO
-runs the same episodes with its critic (tests/test_ppo_turns.py checks PPO's GAE on them)."""
+that a run stopped after step 1 and resumed reproduces the same episodes; that the disaggregated
+placement (a rollout fleet playing the episodes) at max_staleness 0 reproduces the colocated run;
+and that PPO runs the same episodes with its critic (tests/test_ppo_turns.py checks PPO's GAE on
+them)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def test_multi_turn_config_errors_are_one_line(tmp_path):
     from tests.hf_helpers import make_hf_dir
 
     make_hf_dir(tmp_path / "base", "llama")
-    for extra, where in (({"rl.rollout.placement": "disaggregated", "rl.rollout.workers": 1}, "rl.turns"),
+    for extra, where in (({"rl.algorithm": "ppo", "rl.rollout.placement": "disaggregated", "rl.rollout.workers": 1}, "rl.turns"),
                          ({"generation.kv_cache": "paged"}, "generation.kv_cache")):
         with pytest.raises(ConfigError) as e:
             _overrides(tmp_path, tmp_path / "base", "bad", 2, **extra)
@@ -118,6 +119,40 @@ def test_grpo_two_turn_episodes_records_and_pass_at_turn_metrics(two_turns):
             assert [v["turn"] for v in turns] == list(range(1, len(turns) + 1)) and 1 <= len(turns) <= 2
             assert all(v["status"] != "ok" for v in turns[:-1])
 
+
+
+def _episodes(path):
+    """rollouts.jsonl as {(step, k): what makes the episode}: transcript, spans, per-turn records."""
+    return {(r["step"], r["k"]): (r["problem"], r["completion"], r["reward"], r["status"], r["tokens"], r["truncated"],
+                                  r["episode_end"], r["policy_spans"], json.dumps(r["turns"], sort_keys=True))
+            for r in read_jsonl(path)}
+
+
+def test_disaggregated_two_turn_run_at_staleness_0_reproduces_the_colocated_run(two_turns):
+    """The same config with a rollout fleet of 2 actors (one unit per trainer rank: the batches the
+    colocated ranks play) at max_staleness 0: every episode (tokens, spans, per-turn verdicts and
+    feedback, seeds; step 2's from weights the trainers published), every loss and gradient norm
+    as the colocated run's. Held-out evaluation is off here (it runs on the trainers in both
+    placements and does not touch the training). Nearly all of its time is starting the Ray job
+    (trainers, fleet, reward pool); a step is about 2 s."""
+    from elastic.launch.grpo import run_grpo
+
+    tmp_path, base = two_turns
+    run_grpo(_overrides(tmp_path, base, "d", 2, **{
+        "rl.rollout.placement": "disaggregated", "rl.rollout.workers": 2, "rl.rollout.cpus_per_worker": 0.5,
+        "scaling.cpus_per_worker": 0.5, "rl.max_staleness": 0, "rl.eval_every": 0}), progress=False)
+    ra, rd = _episodes(tmp_path / "runs" / "a" / "rollouts.jsonl"), _episodes(tmp_path / "runs" / "d" / "rollouts.jsonl")
+    assert sorted(rd) == sorted(ra) and rd == ra
+    assert any(len(json.loads(v[-1])) == 2 for v in rd.values()), "no episode got feedback"
+    ma, md = read_jsonl(tmp_path / "runs" / "a" / "metrics.jsonl"), read_jsonl(tmp_path / "runs" / "d" / "metrics.jsonl")
+    assert [x["step"] for x in md] == [1, 2]
+    for a, d in zip(ma, md):
+        for k in ("reward_mean", "pass_rate", "pass_at_turn_1", "pass_at_turn_2", "fixed_by_feedback_rate",
+                  "turns_mean", "tokens", "kept_frac"):
+            assert a[k] == d[k], (k, a["step"])
+        assert d["staleness"] == 0 and d["rollout_fleet"] == 2 and "generate_s" not in d
+    np.testing.assert_allclose([x["loss"] for x in md], [x["loss"] for x in ma], rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose([x["grad_norm"] for x in md], [x["grad_norm"] for x in ma], rtol=1e-6, atol=1e-9)
 
 
 @pytest.mark.slow

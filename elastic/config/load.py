@@ -336,12 +336,14 @@ def _validate_rollout(rl) -> None:
 
 
 def _validate_turns(rl, cfg) -> None:
-    """Multi-turn settings (issue 44): GRPO and PPO run episodes in the colocated placement, on
-    the static KV cache, full weights, no draft (elastic/train/fsdp_generate.py fsdp_generate_turns)."""
+    """Multi-turn settings (issue 44): GRPO runs episodes in either placement (the trainers or the
+    rollout fleet, elastic/rl/episodes.py), PPO colocated (its multi-turn run on the fleet is not
+    tested yet); on the static KV cache, full weights, no draft."""
     _check(rl.turns >= 1, "rl.turns", f"must be >= 1 (1 = single turn), got {rl.turns}")
     if rl.turns > 1:
-        _check(rl.rollout.placement == "colocated", "rl.turns",
-               f"rl.turns > 1 runs colocated (rl.rollout.placement colocated), got {rl.rollout.placement}")
+        _check(rl.algorithm == "grpo" or rl.rollout.placement == "colocated", "rl.turns",
+               f"rl.turns > 1 with rl.algorithm {rl.algorithm} runs colocated (rl.rollout.placement colocated), "
+               f"got {rl.rollout.placement}")
         g = cfg.generation
         _check(g.kv_cache == "static", "generation.kv_cache",
                f"rl.turns > 1 runs on the static KV cache (episodes keep a slot), got {g.kv_cache}")

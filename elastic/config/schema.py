@@ -543,8 +543,8 @@ class RLSection:
     is_cap: float = 2.0
     # Multi-turn episodes with execution feedback (issue 44, docs/grpo.md): up to `turns` answers
     # per task, the verifier's feedback (elastic/reward/feedback.py) shown as the next user
-    # message after each failed one. 1 = single turn. > 1: GRPO or PPO, colocated placement,
-    # static KV cache, full generation weights, no draft (anything else is refused).
+    # message after each failed one. 1 = single turn. > 1: GRPO (either rollout placement) or PPO
+    # (colocated), static KV cache, full generation weights, no draft (anything else is refused).
     turns: int = 1
     # The episode's reward: last (the final turn's) | discounted (sum of turn_discount^(k-1) x
     # turn k's reward), minus turn_cost per turn after the first.

@@ -28,7 +28,9 @@ computes rows [0, highest live slot]); `extend(i, ids)` queues episode i's feedb
 feedback is not ready simply sits out that `decode()` and keeps its slot (its cache is untouched:
 the continuation rewrites from its last token on), so a caller fed by an asynchronous reward pool
 can call `decode()` with whichever episodes are ready. `generate_turns` is the plain loop: decode
-all, ask `feedback_fn` for every episode that finished a turn, decode again.
+all, ask `feedback_fn` for every episode that finished a turn, decode again. `play_episodes` is
+the same loop with one batched callback per round (`respond(answered, last)`), for a caller that
+scores a whole round at once (the RL trainers and the rollout fleet's actors).
 
 Capacity: an episode's whole sequence (prompt, answers, feedback) is at most `max_total_tokens`.
 A turn ends with "length" at `max_new_tokens` or when the sequence reaches that bound; in the
@@ -60,7 +62,7 @@ from elastic.generation.decoder import CachedDecoder, check_unsharded, model_dev
 from elastic.generation.sampling import SamplingParams, sample
 from elastic.generation.step import forward_hidden
 
-__all__ = ["Episode", "EpisodeBatch", "ExtendAttention", "generate_turns", "turn_seed"]
+__all__ = ["Episode", "EpisodeBatch", "ExtendAttention", "generate_turns", "play_episodes", "turn_seed"]
 
 M64 = (1 << 64) - 1
 
@@ -314,6 +316,44 @@ def generate_turns(model: nn.Module, prompts: List[List[int]], max_new_tokens: i
             e = batch.episodes[i]
             batch.extend(i, feedback_fn(i, e.turns - 1, e.turn(e.turns - 1)))
         batch.decode()
+    for i in range(len(prompts)):
+        batch.finish(i, "turns")
+    return batch.episodes
+
+
+Answered = List[Tuple[int, int, Completion]]  # (episode, turn, that turn's answer)
+
+
+@torch.no_grad()
+def play_episodes(model: nn.Module, prompts: List[List[int]], max_new_tokens: int, turns: int,
+                  respond: Callable[[Answered, bool], Dict[int, Optional[Sequence[int]]]],
+                  max_total_tokens: Optional[int] = None, **kwargs) -> List[Episode]:
+    """Up to `turns` answers per prompt, one `respond` call per round. After every round,
+    `respond(answered, last)` gets (episode, turn, completion) for each episode that answered a
+    turn in it (also those that ran out of room, whose turn must still be scored) and returns
+    {episode: feedback ids, or None to end it}; `last` is True after turn `turns` (the return
+    value is then ignored). `kwargs`: EpisodeBatch's sampling arguments. The one round loop of
+    both RL placements (elastic/train/fsdp_generate.py fsdp_generate_turns on a sharded policy,
+    elastic/rl/rollout/worker.py on a rollout actor's copy), so they play the same episodes."""
+    if turns < 1:
+        raise ValueError(f"play_episodes: turns must be >= 1, got {turns}")
+    if not prompts:
+        return []
+    batch = EpisodeBatch(model, prompts, max_new_tokens, max_total_tokens=max_total_tokens, **kwargs)
+    batch.decode()
+    answered = list(range(len(prompts)))  # turn 0 (some may have ended at their first token)
+    for t in range(turns):
+        if not answered:
+            break
+        eps = batch.episodes
+        last = t == turns - 1
+        fb = respond([(i, eps[i].turns - 1, eps[i].turn(eps[i].turns - 1)) for i in answered], last)
+        if last:
+            break
+        for i in answered:
+            if eps[i].finish_reason is None:  # not out of room
+                batch.extend(i, fb.get(i))
+        answered = batch.decode()
     for i in range(len(prompts)):
         batch.finish(i, "turns")
     return batch.episodes

@@ -191,6 +191,14 @@ def _first_pass(r: Rollout) -> Optional[int]:
     return next((t["turn"] for t in r.turns or [] if t.get("status") == "ok"), None)
 
 
+def _set_episode(r: Rollout, got: Dict[str, Any]) -> None:
+    """Fill a rollout from its played episode (elastic/rl/episodes.py episode_rows; or the same
+    fields from a rollout actor, where spans arrive as lists)."""
+    r.tokens, r.truncated = list(got["tokens"]), bool(got["truncated"])
+    r.spans = [(int(a), int(b)) for a, b in got["spans"]]
+    r.turns, r.episode_end = list(got["turns"]), got["episode_end"]
+
+
 def decode_text(tok, ids: List[int]) -> str:
     return tok.decode(ids, skip_special_tokens=True)
 
@@ -365,70 +373,23 @@ class GRPOJob(Job):
         return rows
 
     def _generate_episodes(self, rows: List[Rollout], seeds: List[int]) -> None:
-        """rl.turns > 1: each row is an episode (elastic/train/fsdp_generate.py fsdp_generate_turns).
-        After every round, each answered turn goes to the reward pool under f"{key}:t{turn}"; this
-        rank waits for those verdicts; a turn that did not pass (and is not the last) gets the
-        verifier's feedback (elastic/reward/feedback.py, rl.feedback) as the next user message,
-        its text capped at rl.feedback_max_tokens tokens. A passing turn, a sandbox_error (the
-        infrastructure's, not a verdict) or the last turn ends the episode. Seeds: turn t samples
-        with turn_seed(seed, t), so a resumed run reproduces the same episodes."""
-        from elastic.data.chat import feedback_turn_ids
-        from elastic.generation.episodes import turn_seed
-        from elastic.reward.feedback import MARKER, feedback_text
-        from elastic.reward.verifiers.registry import parse_kind
-        from elastic.rl.algorithms.turns import cap_tokens
+        """rl.turns > 1: each row is an episode, played under gathered parameters
+        (elastic/train/fsdp_generate.py fsdp_generate_turns) with the scorer both placements use
+        (elastic/rl/episodes.py: every answered turn scored under f"{key}:t{turn}", this rank waits,
+        the verifier's feedback as the next user message, turn t sampled with turn_seed(seed, t),
+        so a resumed run reproduces the same episodes)."""
+        from elastic.rl.episodes import TurnScorer, episode_rows, episode_sampling, feedback_kind
         from elastic.train.fsdp_generate import fsdp_generate_turns
 
         rl = self.rl
-        kind = next((n for n, _ in parse_kind(self.ctx.cfg.reward.kind) if n != "model"), "")
-        marker = [e.ids for e in self.tok.encode_batch([MARKER])][0]
-        for r in rows:
-            r.turns, r.spans = [], []
-
-        def respond(answered, last: bool) -> Dict[int, Optional[List[int]]]:
-            items = []
-            for i, t, c in answered:
-                r = rows[i]
-                text = decode_text(self.tok, list(c.tokens))
-                key = f"{r.key}:t{t}"
-                r.turns.append({"turn": t + 1, "key": key, "tokens": len(c.tokens), "finish": c.finish_reason,
-                                "text": text, "seed": turn_seed(seeds[i], t)})
-                items.append((key, r.problem, text))
-            self.reward.submit(items, wait=False)
-            keys = [k for k, _, _ in items]
-            got: Dict[str, Any] = {}
-            while len(got) < len(keys):
-                got.update(self.reward.results([k for k in keys if k not in got], timeout_s=30.0))
-            out: Dict[int, Optional[List[int]]] = {}
-            for i, t, c in answered:
-                res = got[f"{rows[i].key}:t{t}"]
-                rec = rows[i].turns[-1]
-                rec.update(status=res.status, reward=float(res.reward), speedup=res.speedup,
-                           reason=(res.reason or "")[:300])
-                fb = None if last else feedback_text(res, kind, rl.feedback)
-                if fb is not None:
-                    ids = [e.ids for e in self.tok.encode_batch([fb])][0]
-                    if len(ids) > rl.feedback_max_tokens:  # the message's own tokens; the template's come on top
-                        fb = self.tok.decode(cap_tokens(ids, rl.feedback_max_tokens, marker), skip_special_tokens=False)
-                    rec["feedback"] = fb
-                    fb = feedback_turn_ids(fb, self.chat, self.tok.encode_batch, self.eos_id,
-                                           turn_closed=c.finish_reason == "stop")
-                out[i] = fb
-            return out
-
-        longest = max(len(r.prompt) for r in rows)
-        budget = longest + rl.turns * rl.max_new_tokens + (rl.turns - 1) * (rl.feedback_max_tokens + 64)
-        eps = fsdp_generate_turns(self.ctx.model, [r.prompt for r in rows], rl.max_new_tokens, rl.turns, respond,
-                                  max_total_tokens=min(budget, self.ctx.model.args.max_seq_len),
-                                  temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
-                                  stop_token_ids=[self.eos_id], seed=seeds)
-        for r, e in zip(rows, eps):
-            p = e.prompt_len
-            r.tokens = list(e.tokens[p:])
-            r.spans = [(a - p, b - p) for a, b in e.policy_spans]
-            r.episode_end = e.finish_reason
-            # the episode ran out of room, or its last answer was cut at max_new_tokens
-            r.truncated = e.finish_reason == "length" or e.finish_reasons[-1] == "length"
+        scorer = TurnScorer(rl, feedback_kind(self.ctx.cfg.reward.kind), self.reward, self.tok, self.chat, self.eos_id,
+                            [{"key": r.key, "problem": r.problem, "seed": s} for r, s in zip(rows, seeds)])
+        prompts = [r.prompt for r in rows]
+        eps = fsdp_generate_turns(self.ctx.model, prompts, rl.max_new_tokens, rl.turns, scorer,
+                                  **episode_sampling(rl, prompts, self.ctx.model.args.max_seq_len, self.eos_id),
+                                  seed=seeds)
+        for r, got in zip(rows, episode_rows(eps, scorer.turns)):
+            _set_episode(r, got)
 
     def _episode_result(self, r: Rollout) -> Any:
         """An episode's verdict: the last turn's status and speed-up, the episode reward of its
@@ -471,7 +432,8 @@ class GRPOJob(Job):
         """Disaggregated: publish this step's version (sync steps), then wait for this rank's
         completions from the rollout fleet and hand them to the reward service (the actors
         already streamed them there; a key it has is not evaluated twice, and after a resume the
-        checkpoint's completions reach a fresh service this way)."""
+        checkpoint's completions reach a fresh service this way). Episodes (rl.turns > 1) come
+        with every turn's verdict: the actor played them against the service."""
         t0 = time.perf_counter()
         self._metrics.update(self.fleet.publish(self.ctx.model, step))
         t1 = time.perf_counter()
@@ -480,12 +442,15 @@ class GRPOJob(Job):
         for r in rows:
             g = got[r.k]
             r.tokens, r.truncated, r.version = list(g["tokens"]), bool(g["truncated"]), int(g["version"])
-            r.behav_logp = np.asarray(g["logprobs"], np.float32)
-        self.reward.submit([(r.key, r.problem, decode_text(self.tok, r.tokens)) for r in rows], wait=False)
+            r.behav_logp = np.asarray(g["logprobs"], np.float32)  # over all of `tokens` (0 on feedback)
+            if g.get("turns") is not None:  # an episode: its turns were scored by the actor, verdicts included
+                _set_episode(r, g)
+        self.reward.submit([(r.key, r.problem, decode_text(self.tok, r.tokens)) for r in rows if r.turns is None],
+                           wait=False)
         self._gen_t0 = t0
         self._metrics["rollout_wait_s"] = wait
         self._metrics["staleness"] = max(step - r.version for r in rows)
-        self._metrics["_gen_tokens"] = sum(len(r.tokens) for r in rows)
+        self._metrics["_gen_tokens"] = sum(r.policy_len for r in rows)
         return rows
 
     def _kept_micro_batches(self, m: int, part: List[int], by_k: Dict[int, Rollout], keep: np.ndarray,
@@ -754,15 +719,11 @@ class GRPOJob(Job):
         in training; `heldout_pass_at_turn_t` is the share of tasks passed by turn t (the pass@t
         curve; `heldout_pass_at_1` is turn 1's, the single-turn greedy pass@1). Every turn's
         verdict goes to eval_verdicts.jsonl (with its `turn`)."""
-        from elastic.data.chat import feedback_turn_ids
-        from elastic.reward.feedback import MARKER, feedback_text
-        from elastic.reward.verifiers.registry import parse_kind
-        from elastic.rl.algorithms.turns import cap_tokens
+        from elastic.rl.episodes import Feedback, episode_sampling, feedback_kind, wait_results
         from elastic.train.fsdp_generate import fsdp_generate_turns
 
         rl, ctx = self.rl, self.ctx
-        kind = next((nm for nm, _ in parse_kind(ctx.cfg.reward.kind) if nm != "model"), "")
-        marker = [e.ids for e in self.tok.encode_batch([MARKER])][0]
+        feedback = Feedback(rl, feedback_kind(ctx.cfg.reward.kind), self.tok, self.chat, self.eos_id)
         mine = self.heldout[ctx.rank::ctx.world_size]
         verdicts: Dict[int, List[Tuple[int, str, Optional[float]]]] = {i: [] for i in range(len(mine))}
         keys: List[str] = []
@@ -775,9 +736,7 @@ class GRPOJob(Job):
                 items.append((key, mine[i], decode_text(self.tok, list(c.tokens))))
             keys.extend(k for k, _, _ in items)
             self.reward.submit(items, wait=False)  # tensor-parallel peers: the service keeps one per key
-            got: Dict[str, Any] = {}
-            while len(got) < len(items):
-                got.update(self.reward.results([k for k, _, _ in items if k not in got], timeout_s=30.0))
+            got = wait_results(self.reward, [k for k, _, _ in items])
             out: Dict[int, Optional[List[int]]] = {}
             for (i, t, c), (key, task, text) in zip(answered, items):
                 res = got[key]
@@ -786,22 +745,12 @@ class GRPOJob(Job):
                     append_record(path, {"step": step, "task": task, "sample": 0, "turn": t + 1, "status": res.status,
                                          "reward": res.reward, "speedup": res.speedup, "reason": (res.reason or "")[:300],
                                          "completion": text[:4000]})
-                fb = None if last else feedback_text(res, kind, rl.feedback)
-                if fb is not None:
-                    ids = [e.ids for e in self.tok.encode_batch([fb])][0]
-                    if len(ids) > rl.feedback_max_tokens:
-                        fb = self.tok.decode(cap_tokens(ids, rl.feedback_max_tokens, marker), skip_special_tokens=False)
-                    fb = feedback_turn_ids(fb, self.chat, self.tok.encode_batch, self.eos_id,
-                                           turn_closed=c.finish_reason == "stop")
-                out[i] = fb
+                out[i] = None if last else feedback(res, c.finish_reason == "stop")[1]
             return out
 
         prompts = [self.prompt_tokens(t) for t in mine]
-        longest = max((len(p) for p in prompts), default=0)
-        budget = longest + rl.turns * rl.max_new_tokens + (rl.turns - 1) * (rl.feedback_max_tokens + 64)
         eps = fsdp_generate_turns(ctx.model, prompts, rl.max_new_tokens, rl.turns, respond,
-                                  max_total_tokens=min(budget, ctx.model.args.max_seq_len), temperature=0.0,
-                                  stop_token_ids=[self.eos_id])
+                                  **episode_sampling(rl, prompts, ctx.model.args.max_seq_len, self.eos_id, greedy=True))
         self.count_forward(sum(len(e.tokens) for e in eps))
         res = [(mine[i], v) for i, v in verdicts.items()]
         alls = [x for p in ctx.comm.all_gather_object(res) for x in p]

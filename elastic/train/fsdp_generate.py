@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
-from elastic.generation.episodes import Episode, EpisodeBatch
+from elastic.generation.episodes import Episode, play_episodes
 from elastic.generation.generate import Completion, generate
 from elastic.generation.quantized import QuantizedCopy
 
@@ -144,33 +144,12 @@ def fsdp_generate(model: nn.Module, prompts: List[List[int]], max_new_tokens: in
 def fsdp_generate_turns(model: nn.Module, prompts: List[List[int]], max_new_tokens: int, turns: int,
                         respond: Callable[[List[Tuple[int, int, Completion]], bool], Dict[int, Optional[List[int]]]],
                         max_total_tokens: Optional[int] = None, **kwargs: Any) -> List[Episode]:
-    """Multi-turn episodes (elastic/generation/episodes.py EpisodeBatch) on a sharded model; all
-    ranks call it together, each with its own prompts. Parameters are gathered once around the
-    whole round loop (the only collectives), so ranks may run different numbers of rounds and
-    steps, and `respond` may block (on the reward pool) for as long as it likes.
-
-    After every round, `respond(answered, last)` gets (episode, turn, completion) for each episode
-    that answered a turn in it (also those that ran out of room, whose turn must still be
-    scored) and returns {episode: feedback ids, or None to end it}; `last` is True after turn
-    `turns` (the return value is then ignored). `kwargs`: EpisodeBatch's sampling arguments."""
+    """Multi-turn episodes (elastic/generation/episodes.py `play_episodes`: EpisodeBatch, one
+    `respond(answered, last)` call per round) on a sharded model; all ranks call it together,
+    each with its own prompts. Parameters are gathered once around the whole round loop (the
+    only collectives), so ranks may run different numbers of rounds and steps, and `respond` may
+    block (on the reward pool) for as long as it likes."""
     with gathered_parameters(model) as whole:
         if not prompts:  # a rank with nothing to generate still takes part in the gather
             return []
-        batch = EpisodeBatch(whole, prompts, max_new_tokens, max_total_tokens=max_total_tokens, **kwargs)
-        batch.decode()
-        answered = list(range(len(prompts)))  # turn 0 (some may have ended at their first token)
-        for t in range(turns):
-            if not answered:
-                break
-            eps = batch.episodes
-            last = t == turns - 1
-            fb = respond([(i, eps[i].turns - 1, eps[i].turn(eps[i].turns - 1)) for i in answered], last)
-            if last:
-                break
-            for i in answered:
-                if eps[i].finish_reason is None:  # not out of room
-                    batch.extend(i, fb.get(i))
-            answered = batch.decode()
-        for i in range(len(prompts)):
-            batch.finish(i, "turns")
-        return batch.episodes
+        return play_episodes(whole, prompts, max_new_tokens, turns, respond, max_total_tokens=max_total_tokens, **kwargs)

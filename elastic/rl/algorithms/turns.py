@@ -12,9 +12,9 @@ before the ratio, the KL and the entropy sum) and the ``response_mask`` of
 :mod:`~elastic.rl.algorithms.gae` (``skip_masked=True`` bootstraps across observation spans, verl's
 layout), so feedback tokens are context only: they change no gradient.
 
-The GRPO and PPO jobs run episodes in the colocated placement (elastic/rl/grpo.py
-``_generate_episodes``, elastic/rl/ppo.py ``rank_gae``; docs/grpo.md, "Multi-turn"); the
-disaggregated placement refuses ``rl.turns > 1``.
+The GRPO job runs episodes in both placements (elastic/rl/episodes.py, used by
+elastic/rl/grpo.py ``_generate_episodes`` and the rollout fleet's actors), PPO colocated
+(elastic/rl/ppo.py ``rank_gae``); docs/grpo.md, "Multi-turn".
 """
 
 from __future__ import annotations

@@ -108,7 +108,8 @@ class RolloutCoordinator:
         self.starting += 1
         try:
             actor = ray.remote(RolloutWorker).options(**self.spec.get("worker_options", {})).remote(
-                self.spec["cfg"], self.spec["tokenizer_json"], self.spec["eos_id"], self.spec["reward_service"])
+                self.spec["cfg"], self.spec["tokenizer_json"], self.spec["eos_id"], self.spec["reward_service"],
+                self.spec["chat_format"])
             info = await actor.ping.remote()
         except Exception as e:  # noqa: BLE001 - reported in the error and the events
             self.error = f"rollout actor {wid} did not start: {str(e).strip().splitlines()[0][:300]}"

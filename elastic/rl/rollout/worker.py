@@ -12,6 +12,10 @@ With generation.weights int8 | int4 it generates, and computes those log-probabi
 weight-only quantized copy of its policy remade whenever it loads a version
 (elastic/generation/quantized.py): the behaviour policy is then the quantized one.
 
+With rl.turns > 1 a row is a whole episode (`_episodes`): the actor plays it against the reward
+service turn by turn, continuing from the KV cache, with the trainers' own scorer
+(elastic/rl/episodes.py), and returns the episode's tokens, policy spans and per-turn verdicts.
+
 It knows nothing of the trainers or of Ray Train: weights arrive as object-store buckets
 (elastic/rl/rollout/weights.py).
 """
@@ -44,7 +48,8 @@ def _fault() -> Optional[Tuple[int, str]]:
 class RolloutWorker:
     """Ray actor body (the launch side wraps it with `ray.remote` and its resources)."""
 
-    def __init__(self, cfg_dict: Dict[str, Any], tokenizer_json: str, eos_id: int, reward_service: str) -> None:
+    def __init__(self, cfg_dict: Dict[str, Any], tokenizer_json: str, eos_id: int, reward_service: str,
+                 chat_format: Any = None) -> None:
         from elastic.config import from_dict
         from elastic.data.tokenizer import from_json
         from elastic.train.loop import build_model, load_initial_weights, resolve_param_dtype
@@ -71,6 +76,7 @@ class RolloutWorker:
         self.gen_model = self.quant.refresh(self.model)
         self.tok = from_json(tokenizer_json)
         self.eos_id = int(eos_id)
+        self.chat = chat_format  # multi-turn: the template of the feedback messages
         self.reward_service = reward_service
         self._reward = None
         self.version = -1
@@ -105,7 +111,9 @@ class RolloutWorker:
 
     def generate(self, step: int, version: int, weights: Tuple[Any, List[Any]], rows: List[Dict[str, Any]]) -> Dict[str, Any]:
         """Generate one unit: rows of {k, prompt, seed, key, problem}. Returns {"rows": [{k,
-        tokens, logprobs, truncated}], "version", "gen_s", "tokens", "load_s", "pid"}."""
+        tokens, logprobs, truncated}], "version", "gen_s", "tokens", "load_s", "pid"}; with
+        rl.turns > 1 each row is a whole episode (`_episodes`) and also carries spans, turns and
+        episode_end."""
         from elastic.generation.generate import generate
 
         rl = self.rl
@@ -116,6 +124,8 @@ class RolloutWorker:
         if fault is not None and fault[0] == step + 1 and fault[1] and not os.path.exists(fault[1]):
             open(fault[1], "w").close()
             kill_now = True
+        if rl.turns > 1:
+            return {**self._episodes(rows, client, kill_now), "version": version, "pid": self.pid, **info}
 
         def on_finish(i: int, c) -> None:
             r = rows[i]
@@ -133,11 +143,52 @@ class RolloutWorker:
         temp = rl.temperature if rl.temperature > 0 else 1.0
         lps = [np.asarray(c.logprobs, np.float32) for c in outs]
         if temp != 1.0:  # the engine's log-probs are at temperature 1; the loss scores at `temp`
-            lps = self._logprobs_at(rows, outs, temp)
+            lps = self._logprobs_at([r["prompt"] for r in rows], [list(c.tokens) for c in outs], temp)
         out_rows = [{"k": r["k"], "tokens": list(c.tokens), "logprobs": lp.tolist(), "truncated": c.finish_reason == "length"}
                     for r, c, lp in zip(rows, outs, lps)]
         return {"rows": out_rows, "version": version, "gen_s": gen_s, "cpu_s": time.process_time() - c0,
                 "tokens": sum(len(c.tokens) for c in outs), "pid": self.pid, **info}
+
+    def _episodes(self, rows: List[Dict[str, Any]], client: Any, kill_now: bool) -> Dict[str, Any]:
+        """rl.turns > 1: the unit's rows as one EpisodeBatch (elastic/generation/episodes.py
+        `play_episodes`, the trainers' round loop) with the trainers' scorer
+        (elastic/rl/episodes.py TurnScorer: every answered turn scored by the reward service
+        under f"{key}:t{turn}", feedback as the next user message, turn_seed per turn), so at
+        max_staleness 0 the episodes are the colocated run's. Each row's `logprobs` cover all of
+        its tokens (0 on feedback, which no loss term reads)."""
+        from elastic.generation.episodes import play_episodes
+        from elastic.rl.episodes import TurnScorer, episode_rows, episode_sampling, feedback_kind
+
+        rl = self.rl
+        scorer = TurnScorer(rl, feedback_kind(self.cfg.reward.kind), client, self.tok, self.chat, self.eos_id, rows)
+
+        def respond(answered, last: bool):
+            out = scorer(answered, last)
+            if kill_now:  # fault injection: after the first round's verdicts, mid-episode
+                os.kill(os.getpid(), signal.SIGKILL)
+            return out
+
+        prompts = [r["prompt"] for r in rows]
+        t0, c0 = time.perf_counter(), time.process_time()
+        eps = play_episodes(self.gen_model, prompts, rl.max_new_tokens, rl.turns, respond,
+                            **episode_sampling(rl, prompts, self.model.args.max_seq_len, self.eos_id),
+                            seed=[r["seed"] for r in rows])
+        gen_s = time.perf_counter() - t0  # with the reward waits between turns, as colocated
+        got = episode_rows(eps, scorer.turns)
+        temp = rl.temperature if rl.temperature > 0 else 1.0
+        if temp != 1.0:  # the engine's log-probs are at temperature 1; the loss scores at `temp`
+            lps = self._logprobs_at(prompts, [g["tokens"] for g in got], temp)
+        else:
+            lps = []
+            for e, g in zip(eps, got):
+                lp = np.zeros(len(g["tokens"]), np.float32)
+                for (a, b), turn in zip(g["spans"], e.logprobs):
+                    lp[a:b] = turn
+                lps.append(lp)
+        out_rows = [{"k": r["k"], **g, "spans": [list(x) for x in g["spans"]], "logprobs": lp.tolist()}
+                    for r, g, lp in zip(rows, got, lps)]
+        return {"rows": out_rows, "gen_s": gen_s, "cpu_s": time.process_time() - c0,
+                "tokens": sum(b - a for g in got for a, b in g["spans"])}
 
     def _draft_kwargs(self) -> Dict[str, Any]:
         """generate()'s speculative-decoding arguments from generation.draft ({} when off), as the
@@ -155,18 +206,20 @@ class RolloutWorker:
         return {"draft": draft, "draft_tokens": g.draft_tokens, "draft_ngram": g.draft_ngram}
 
     @torch.no_grad()
-    def _logprobs_at(self, rows, outs, temp: float) -> List[np.ndarray]:
-        """log p(token) at temperature `temp`, one forward per completion (prompt + completion)."""
+    def _logprobs_at(self, prompts: List[List[int]], completions: List[List[int]], temp: float) -> List[np.ndarray]:
+        """log p(token) at temperature `temp` of each completion's tokens, one forward per
+        completion (prompt + completion; an episode's completion is all its tokens after the
+        prompt)."""
         from elastic.model.attention import build_attention_metadata
 
         res = []
-        for r, c in zip(rows, outs):
-            seq = torch.tensor([list(r["prompt"]) + list(c.tokens)], device=self.device)
+        for prompt, toks in zip(prompts, completions):
+            seq = torch.tensor([list(prompt) + list(toks)], device=self.device)
             pos = torch.arange(seq.shape[1], device=self.device)[None]
             doc = torch.zeros_like(seq)
             meta = build_attention_metadata(doc, self.model.attention_backend)
             logits = self.gen_model(seq, pos, doc, meta)[0, :-1].float() / temp  # the policy that sampled
             lp = torch.log_softmax(logits, -1).gather(-1, seq[0, 1:, None])[:, 0]
-            a = len(r["prompt"]) - 1
-            res.append(lp[a:a + len(c.tokens)].cpu().numpy().astype(np.float32))
+            a = len(prompt) - 1
+            res.append(lp[a:a + len(toks)].cpu().numpy().astype(np.float32))
         return res
