@@ -322,3 +322,16 @@ def test_turn_settings_validate_in_one_line():
         msg = str(ei.value)
         assert "\n" not in msg and msg.startswith(key + ":"), msg
     assert load_config(None, ["rl.turns=3"], job="grpo").rl.turns == 3  # GRPO, colocated: built (tests/test_grpo_turns.py)
+
+
+# -- bench/multiturn_grpo.py's arithmetic (the runs themselves are minutes: not in CI) -------------
+def test_multiturn_bench_interleave_fixed_share_and_token_budget():
+    from bench.multiturn_grpo import closest_step, fixed_share, interleave
+
+    mixed = interleave([f"s{i}" for i in range(10)], ["r0", "r1"])
+    assert mixed == ["s0", "s1", "s2", "s3", "s4", "r0", "s5", "s6", "s7", "s8", "s9", "r1"]
+    assert interleave(["a"], []) == ["a"] and interleave([], ["r"]) == ["r"]
+    assert fixed_share(0.25, 0.5) == pytest.approx(1 / 3)  # of the 75% failed at turn 1, 25 points fixed
+    assert fixed_share(0.0, 0.0) == 0.0 and fixed_share(1.0, 1.0) is None and fixed_share(None, 0.5) is None
+    cum = {1: 100, 2: 210, 3: 290, 4: 420}
+    assert closest_step(cum, 300) == 3 and closest_step(cum, 250) == 2 and closest_step(cum, 10_000) == 4
