@@ -452,9 +452,13 @@ def verifier_feedback(rows: List[Tuple[dict, str]]) -> List[Tuple[str, str]]:
         t = row_task({k: task[k] for k in FIELDS}, f"train.jsonl:{i}", i, "train", fields, ("tests",),
                      (REPAIR_TIME_LIMIT_S, 512))
         res = evaluate_python(t.id, t.tests, completion)
-        if res.status == "sandbox_error":
-            raise RuntimeError(f"{task['task_id']}: the python_tests sandbox failed ({res.reason}); "
-                               "repair_sft.jsonl needs a working sandbox (docs/reward.md)")
+        for _ in range(3):  # none of these attempts loops: a timeout or sandbox_error is the machine's load
+            if res.status not in ("timeout", "sandbox_error"):
+                break
+            res = evaluate_python(t.id, t.tests, completion)
+        if res.status in ("timeout", "sandbox_error"):
+            raise RuntimeError(f"{task['task_id']}: {res.status} 4 times ({res.reason}); repair_sft.jsonl needs "
+                               "a working python_tests sandbox (docs/reward.md) and a machine not overloaded")
         out.append((res.status, feedback_text(res, "python_tests", REPAIR_FEEDBACK)))
     return out
 
