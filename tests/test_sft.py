@@ -5,13 +5,14 @@ SFT run resumes exactly."""
 import json
 
 import numpy as np
+import pytest
 import torch
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from elastic.config import load_config
 from elastic.data import prepare_data_plan
-from elastic.data.chat import ChatFormat, render_prompt, render_segments, tokenize_segments
+from elastic.data.chat import ChatFormat, RowError, render_prompt, render_segments, row_messages, tokenize_segments
 from elastic.data.documents import read_shard
 from elastic.data.tokenizer import from_json
 from elastic.launch.pretrain import run_pretraining
@@ -58,6 +59,18 @@ def test_builtin_template_learns_only_assistant_tokens():
     ids, mask = tokenize_segments(segs, lambda ts: [Enc(t) for t in ts], eos_id=0)
     learned = "".join(chr(i) if i else "<EOS>" for i, m in zip(ids, mask) if m)
     assert learned == "yo<EOS>ok"
+
+    # "weight": 0 on an assistant message (a wrong attempt before feedback): context, not learned
+    msgs[1]["weight"] = 0
+    ids, mask = tokenize_segments(render_segments(row_messages({"messages": msgs}, fmt), fmt),
+                                  lambda ts: [Enc(t) for t in ts], eos_id=0)
+    assert "".join(chr(i) if i else "<EOS>" for i, m in zip(ids, mask) if m) == "ok"
+    assert "".join(chr(i) if i else "<EOS>" for i in ids) == "<|user|>\nhi\n<|assistant|>\nyo<EOS><|user|>\nagain\n<|assistant|>\nok"
+    for bad, why in (({**msgs[1], "weight": 2}, "weight"), ({**msgs[0], "weight": 0}, "weight"),
+                     ({**msgs[3], "weight": 0}, "no assistant message to learn")):
+        rows = [msgs[0], msgs[1], msgs[2], bad] if bad["content"] == "ok" else [msgs[0], bad]
+        with pytest.raises(RowError, match=why):
+            row_messages({"messages": rows}, fmt)
 
 
 def test_chat_template_turns_are_found_by_rendering():

@@ -96,6 +96,51 @@ def test_python_tests_real_run_shows_the_failing_assert():
     assert len(t2.encode()) < 700  # the tail, not the whole reason
 
 
+def test_python_tasks_files_and_repair_rows_are_what_make_py_writes():
+    """datasets/python-tasks/make.py --check: all five files (repair_sft.jsonl's feedback comes
+    from the real python_tests verifier in the sandbox, so this also holds the shipped feedback
+    equal to what feedback_text says of each wrong attempt today). A repair row is a train task's
+    instruction, a failed attempt that is not learned, its feedback, and the canonical answer,
+    which is all SFT learns of it."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from elastic.reward.settings import EvalSettings
+    from elastic.reward.verifiers.programs import default_sandbox
+    from elastic.sandbox.isolation import SandboxUnavailable
+
+    try:
+        default_sandbox(EvalSettings().env_allow, EvalSettings().allow_weak_isolation)
+    except SandboxUnavailable as e:
+        pytest.skip(f"no sandbox: {e}")
+    d = Path(__file__).resolve().parents[1] / "datasets" / "python-tasks"
+    r = subprocess.run([sys.executable, str(d / "make.py"), "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    train = {json.loads(x)["task_id"]: json.loads(x) for x in open(d / "train.jsonl")}
+    rows = [json.loads(x) for x in open(d / "repair_sft.jsonl")]
+    assert len(rows) == 96 and {k: sum(r["kind"] == k for r in rows) for k in ("syntax", "off_by_one", "wrong_return")} \
+        == {"syntax": 32, "off_by_one": 32, "wrong_return": 32}
+    fmt = ChatFormat()
+
+    class Enc:  # one id per character: the learned text can be read off the mask
+        def __init__(self, t):
+            self.ids = [ord(ch) for ch in t]
+
+    for row in rows:
+        t = train[row["task_id"]]  # train tasks only: held-out ids are not in train.jsonl
+        user, wrong, fb, fix = row["messages"]
+        assert [m["role"] for m in row["messages"]] == ["user", "assistant", "user", "assistant"]
+        assert user["content"] == t["instruction"] and wrong["weight"] == 0 and "weight" not in fix
+        assert fix["content"] == "```python\n" + t["prompt"] + t["canonical_solution"] + "```" != wrong["content"]
+        assert fb["content"].startswith(("Verdict: wrong answer on check\nassert candidate(",
+                                         "Verdict: the program does not parse\nSyntaxError: ",
+                                         "Verdict: runtime error on check\n")), fb["content"]
+        ids, mask = tokenize_segments(render_segments(row["messages"], fmt), lambda ts: [Enc(x) for x in ts], eos_id=0)
+        assert "".join(chr(i) for i, m in zip(ids, mask) if m) == fix["content"]
+
+
 def test_math_gold_answer_only_in_details_and_only_when_the_task_allows():
     from elastic.reward.verifiers.math_answer import score_math
 
@@ -277,3 +322,16 @@ def test_turn_settings_validate_in_one_line():
         msg = str(ei.value)
         assert "\n" not in msg and msg.startswith(key + ":"), msg
     assert load_config(None, ["rl.turns=3"], job="grpo").rl.turns == 3  # GRPO, colocated: built (tests/test_grpo_turns.py)
+
+
+# -- bench/multiturn_grpo.py's arithmetic (the runs themselves are minutes: not in CI) -------------
+def test_multiturn_bench_interleave_fixed_share_and_token_budget():
+    from bench.multiturn_grpo import closest_step, fixed_share, interleave
+
+    mixed = interleave([f"s{i}" for i in range(10)], ["r0", "r1"])
+    assert mixed == ["s0", "s1", "s2", "s3", "s4", "r0", "s5", "s6", "s7", "s8", "s9", "r1"]
+    assert interleave(["a"], []) == ["a"] and interleave([], ["r"]) == ["r"]
+    assert fixed_share(0.25, 0.5) == pytest.approx(1 / 3)  # of the 75% failed at turn 1, 25 points fixed
+    assert fixed_share(0.0, 0.0) == 0.0 and fixed_share(1.0, 1.0) is None and fixed_share(None, 0.5) is None
+    cum = {1: 100, 2: 210, 3: 290, 4: 420}
+    assert closest_step(cum, 300) == 3 and closest_step(cum, 250) == 2 and closest_step(cum, 10_000) == 4

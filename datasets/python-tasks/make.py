@@ -1,7 +1,7 @@
 """Generate the python-tasks set: small HumanEval-format function-completion tasks.
 
-    python datasets/python-tasks/make.py          # writes train.jsonl, heldout.jsonl,
-                                                  # sft.jsonl, heldout_sft.jsonl here
+    python datasets/python-tasks/make.py          # writes train.jsonl, heldout.jsonl, sft.jsonl,
+                                                  # heldout_sft.jsonl, repair_sft.jsonl here
     python datasets/python-tasks/make.py --check  # regenerate in memory, compare with the files
 
 Deterministic (fixed seed, standard library only): 16 templated families of one-line functions,
@@ -15,6 +15,14 @@ file's own): the canonical solution passes its check, `return None` fails it, an
 family every other task's body with different constants fails it (the asserts pin the
 constants down).
 
+repair_sft.jsonl (issue 44): 6 train tasks per family (own seed), each a 4-message conversation:
+the instruction, a wrong attempt (a syntax error, an off-by-one, or a wrong return), the
+python_tests verifier's feedback on it, the canonical answer. The feedback is not written here:
+the real verifier runs each attempt in its sandbox (bubblewrap; this file then imports
+`elastic`) and elastic/reward/feedback.py words it (`details`), as GRPO's multi-turn episodes
+show it. The wrong attempt carries `"weight": 0` (elastic/data/chat.py: context, not learned),
+so SFT learns only the fix.
+
 Row fields (HumanEval plus `instruction`): task_id "py/<family>-<n>", prompt (signature and
 one-line docstring), canonical_solution (the body), entry_point, test (`def check(candidate):`
 with 4-6 asserts), instruction (the whole user message given to the chat model).
@@ -23,6 +31,8 @@ with 4-6 asserts), instruction (the whole user message given to the chat model).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import random
@@ -325,9 +335,10 @@ def run_check(task: dict, body: str) -> bool:
     """Unsandboxed: only for this file's own code."""
     env: Dict[str, Any] = {}
     try:
-        exec(task["prompt"] + body, env)
-        exec(task["test"], env)
-        env["check"](env[task["entry_point"]])
+        with contextlib.redirect_stdout(io.StringIO()):  # a wrong attempt may print
+            exec(task["prompt"] + body, env)
+            exec(task["test"], env)
+            env["check"](env[task["entry_point"]])
         return True
     except Exception:
         return False
@@ -366,6 +377,117 @@ def _args_of(task: dict):
     return tuple(parts) if len(parts) > 1 else parts[0]
 
 
+# -- repair_sft.jsonl: (wrong attempt, the verifier's feedback, fix) episodes -------------------
+# What a tiny policy needs to see before multi-turn GRPO (rl.turns > 1, issue 44) can teach it to
+# use feedback: the conversation an episode's second turn continues. Drawn with their own seed
+# from the train tasks (so the other four files do not change); the held-out tasks never appear.
+REPAIR_SEED = SEED + 44
+REPAIR_PER_FAMILY = 6
+REPAIR_KINDS = ("syntax", "off_by_one", "wrong_return")  # cycled over each family's draws
+# The feedback rows show: the python_tests verifier's `details` text (elastic/reward/feedback.py),
+# the form GRPO gives with rl.feedback: details. bench/multiturn_grpo.py trains with it.
+REPAIR_FEEDBACK = "details"
+REPAIR_TIME_LIMIT_S = 2.0  # jobs/configs/grpo-python-tasks.yaml reward.python_time_limit_s
+
+# A realistic off-by-one per family, as (old, new) on the canonical body; None: the family's
+# constant plus one (its spec with key + 1).
+_OFF_BY_ONE: Dict[str, Callable[[str, Any], Tuple[str, str]]] = {
+    "greater": lambda a, k: (" > ", " >= "),
+    "longer": lambda a, k: (" > ", " >= "),
+    "clamp": lambda a, k: (f"min({k[1]}, ", f"min({k[1] - 1}, "),
+    "absdiff": lambda a, k: (f"abs({a[0]} - {a[1]})", f"abs({a[0]} - {a[1]}) - 1"),
+    "sum_list": lambda a, k: (f"sum({a})", f"sum({a}[1:])"),
+    "extreme": lambda a, k: (f"({a})", f"({a}[1:])"),
+    "element": lambda a, k: ({"first": ("[0]", "[1]"), "second": ("[1]", "[2]"), "last": ("[-1]", f"[len({a})]")}[k[0]]),
+    "parity": lambda a, k: (f" in {a} ", f" in {a}[1:] "),
+    "count_char": lambda a, k: (f"{a}.count", f"{a}[1:].count"),
+    "reverse": lambda a, k: ("[::-1]", "[:0:-1]"),
+    "join": lambda a, k: (f" + {a[1]}", f" + {a[1]}[1:]"),
+}
+
+
+def wrong_body(task: dict, kind: str, rng: random.Random) -> str:
+    """A plausible wrong body for `task` (a canonical `    return ...` line): `syntax` (a stray or
+    missing parenthesis, or `retrun`), `off_by_one` (a boundary or constant one off), or
+    `wrong_return` (prints instead of returning, or returns its argument unchanged)."""
+    body = task["canonical_solution"].rstrip("\n")
+    expr = body.split("return ", 1)[1]
+    fam_name = task["task_id"].split("/")[1].rsplit("-", 1)[0]
+    args = _args_of(task)
+    if kind == "syntax":
+        options = [f"    retrun {expr}", f"    return {expr})"]
+        if expr.endswith(")"):
+            options.append(f"    return {expr[:-1]}")
+        out = rng.choice(options)
+    elif kind == "off_by_one":
+        if fam_name in _OFF_BY_ONE:
+            old, new = _OFF_BY_ONE[fam_name](args, task["_key"])
+            assert old in body, (task["task_id"], old, body)
+            out = body.replace(old, new, 1)
+        else:
+            fam = next(f for f in FAMILIES if f.name == fam_name)
+            k = task["_key"]
+            out = "    " + fam.spec({"key": (k[0] + 1,) + tuple(k[1:]), "a": args})[2]
+    elif kind == "wrong_return":
+        first = args[0] if isinstance(args, tuple) else args
+        out = rng.choice([f"    print({expr})", f"    return {first}"])
+    else:
+        raise ValueError(kind)
+    return out + "\n"
+
+
+def verifier_feedback(rows: List[Tuple[dict, str]]) -> List[Tuple[str, str]]:
+    """(status, feedback text) of each (task, completion) from the real python_tests verifier in
+    its sandbox (bubblewrap), as GRPO's reward pool scores a turn (the task built by
+    elastic/reward/tasks.py from the row, with `instruction` as the prompt) and as
+    elastic/reward/feedback.py words it. Not hand-written: the text a policy sees in training."""
+    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+    from elastic.reward.feedback import feedback_text
+    from elastic.reward.tasks import DEFAULT_FIELDS, row_task
+    from elastic.reward.verifiers.python_tests.verifier import evaluate_python
+
+    fields = dict(DEFAULT_FIELDS, prompt="instruction")
+    out = []
+    for i, (task, completion) in enumerate(rows):
+        t = row_task({k: task[k] for k in FIELDS}, f"train.jsonl:{i}", i, "train", fields, ("tests",),
+                     (REPAIR_TIME_LIMIT_S, 512))
+        res = evaluate_python(t.id, t.tests, completion)
+        for _ in range(3):  # none of these attempts loops: a timeout or sandbox_error is the machine's load
+            if res.status not in ("timeout", "sandbox_error"):
+                break
+            res = evaluate_python(t.id, t.tests, completion)
+        if res.status in ("timeout", "sandbox_error"):
+            raise RuntimeError(f"{task['task_id']}: {res.status} 4 times ({res.reason}); repair_sft.jsonl needs "
+                               "a working python_tests sandbox (docs/reward.md) and a machine not overloaded")
+        out.append((res.status, feedback_text(res, "python_tests", REPAIR_FEEDBACK)))
+    return out
+
+
+def repair_rows(train: List[dict]) -> List[dict]:
+    """REPAIR_PER_FAMILY train tasks per family, each as [user: instruction, assistant: a wrong
+    attempt (weight 0: context, not learned), user: the verifier's feedback on it, assistant: the
+    canonical answer (learned)]. Every wrong attempt fails locally and in the verifier."""
+    rng = random.Random(REPAIR_SEED)
+    picks: List[Tuple[dict, str]] = []
+    for fam in FAMILIES:
+        tasks = [r for r in train if r["task_id"].split("/")[1].rsplit("-", 1)[0] == fam.name]
+        for j, task in enumerate(rng.sample(tasks, min(REPAIR_PER_FAMILY, len(tasks)))):
+            kind = REPAIR_KINDS[j % len(REPAIR_KINDS)]
+            body = wrong_body(task, kind, rng)
+            assert not run_check(task, body), f"{task['task_id']}: the {kind} attempt passes"
+            picks.append((task, body, kind))
+    verdicts = verifier_feedback([(t, assistant_for(t["prompt"], b)) for t, b, _ in picks])
+    rows = []
+    for (task, body, kind), (status, fb) in zip(picks, verdicts):
+        assert status != "ok" and fb, f"{task['task_id']}: the verifier passed the {kind} attempt"
+        rows.append({"task_id": task["task_id"], "kind": kind, "messages": [
+            {"role": "user", "content": task["instruction"]},
+            {"role": "assistant", "content": assistant_for(task["prompt"], body), "weight": 0},
+            {"role": "user", "content": fb},
+            {"role": "assistant", "content": assistant_for(task["prompt"], task["canonical_solution"])}]})
+    return rows
+
+
 def sft_row(task: dict) -> dict:
     return {"messages": [{"role": "user", "content": task["instruction"]},
                          {"role": "assistant", "content": assistant_for(task["prompt"], task["canonical_solution"])}]}
@@ -386,6 +508,7 @@ def render(train: List[dict], heldout: List[dict]) -> Dict[str, str]:
         "heldout.jsonl": jsonl(clean(heldout)),
         "sft.jsonl": jsonl([sft_row(r) for r in train]),
         "heldout_sft.jsonl": jsonl([sft_row(r) for r in heldout]),
+        "repair_sft.jsonl": jsonl(repair_rows(train)),
     }
 
 
@@ -412,7 +535,8 @@ def main(argv=None) -> int:
     fams = len(FAMILIES)
     print(f"python-tasks: {fams} families, {len(train)} train, {len(heldout)} held-out tasks "
           f"({'up to date' if args.check else 'written to ' + args.out}); all canonical solutions pass, "
-          f"`return None` and other constants fail")
+          f"`return None` and other constants fail; {len(FAMILIES) * REPAIR_PER_FAMILY} repair rows "
+          f"(their wrong attempts fail, feedback from the python_tests verifier)")
     return 0
 
 

@@ -3,7 +3,10 @@
 A training row is either `prompt`/`completion` or `messages` (a list of `{role, content}`), as
 in TRL. It is rendered with the tokenizer's own `chat_template` (a Jinja template in
 `tokenizer_config.json`, as Hugging Face ships it) when the tokenizer has one, otherwise with
-the built-in template below. Only assistant content (and the end of its turn) carries loss.
+the built-in template below. Only assistant content (and the end of its turn) carries loss; an
+assistant message with `"weight": 0` (OpenAI's fine-tuning convention) is context only, so a
+multi-turn row can show a wrong attempt without teaching it (datasets/python-tasks
+repair_sft.jsonl: wrong attempt, verifier feedback, fix; only the fix is learned).
 
 Built-in template (documented in README, "SFT"), one block per message:
 
@@ -65,8 +68,13 @@ def row_messages(obj: Any, fmt: ChatFormat) -> List[Dict[str, str]]:
         for i, m in enumerate(msgs):
             if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
                 raise RowError(f"{fmt.messages_field}[{i}]: expected {{role: system|user|assistant, content: text}}")
-            out.append({"role": m["role"], "content": m["content"]})
-        if not any(m["role"] == "assistant" and m["content"].strip() for m in out):
+            msg = {"role": m["role"], "content": m["content"]}
+            if "weight" in m:
+                if m["role"] != "assistant" or m["weight"] not in (0, 1) or isinstance(m["weight"], bool):
+                    raise RowError(f"{fmt.messages_field}[{i}].weight: 0 or 1, on an assistant message only")
+                msg["weight"] = int(m["weight"])
+            out.append(msg)
+        if not any(m["role"] == "assistant" and m["content"].strip() and learned(m) for m in out):
             raise RowError(f"field {fmt.messages_field!r} has no assistant message to learn")
         return out
     p, c = obj.get(fmt.prompt_field), obj.get(fmt.completion_field)
@@ -75,6 +83,11 @@ def row_messages(obj: Any, fmt: ChatFormat) -> List[Dict[str, str]]:
     if not c.strip():
         raise RowError(f"field {fmt.completion_field!r} is empty")
     return [{"role": "user", "content": p}, {"role": "assistant", "content": c}]
+
+
+def learned(message: Dict[str, Any]) -> bool:
+    """Whether an assistant message carries loss (`weight` 1, the default; 0 = context only)."""
+    return message.get("weight", 1) != 0
 
 
 def _builtin_header(role: str) -> str:
@@ -105,9 +118,9 @@ def render_segments(messages: Sequence[Dict[str, str]], fmt: ChatFormat) -> List
         segs: List[Segment] = []
         for i, m in enumerate(messages):
             if m["role"] == "assistant":
-                segs += [(_builtin_header("assistant"), False), (m["content"], True)]
+                segs += [(_builtin_header("assistant"), False), (m["content"], learned(m))]
                 if i != len(messages) - 1:
-                    segs.append((EOS, True))  # ends the turn (the document's last EOS is packing's)
+                    segs.append((EOS, learned(m)))  # ends the turn (the document's last EOS is packing's)
             else:
                 segs.append((_builtin_header(m["role"]) + m["content"] + "\n", False))
         return segs
@@ -120,7 +133,7 @@ def render_segments(messages: Sequence[Dict[str, str]], fmt: ChatFormat) -> List
         upto = _render(fmt, messages[:i + 1], add_generation_prompt=False)
         if not before.startswith(done) or not upto.startswith(before):
             raise RowError("the tokenizer's chat_template does not render a conversation as a prefix of its extension")
-        segs += [(before[len(done):], False), (upto[len(before):], True)]
+        segs += [(before[len(done):], False), (upto[len(before):], learned(m))]
         done = upto
     full = _render(fmt, messages, add_generation_prompt=False)
     if len(full) > len(done):
