@@ -35,6 +35,7 @@ import argparse
 import concurrent.futures
 import contextlib
 import datetime
+import io
 import json
 import os
 import re
@@ -223,12 +224,29 @@ def part_throughput(a: argparse.Namespace) -> Dict[str, Any]:
     targs = tt.parser().parse_args([])
     if a.smoke:
         tt.smoke_args(targs)
-        targs.attention, targs.compile, targs.micro_batch, targs.vocab = "auto", "off", "2", ""
+        targs.attention, targs.compile, targs.micro_batch, targs.vocab, targs.ac = "auto", "off", "2", "", "none,full"
     else:
         targs.preset, targs.seq_len, targs.global_batch = a.preset, a.seq_len, a.global_batch
         targs.attention, targs.compile, targs.micro_batch, targs.vocab = a.attention, a.compile, a.micro_batch, a.vocab
         targs.warmup, targs.steps, targs.ckpt_every = a.warmup, a.steps, a.ckpt_every
-    rows = tt.sweep(targs)
+    printed = None
+    if a.smoke:
+        # `train_throughput.py --smoke` itself (the same grid as targs): CI's one run of that
+        # script's command line, its table and JSON (tests/test_bench_smoke.py test_gpu_check_smoke)
+        scratch = tempfile.mkdtemp(prefix="elastic-gpucheck-tp-")
+        try:
+            buf = io.StringIO()
+            with contextlib.redirect_stdout(buf):
+                tt.main(["--smoke", "--out", os.path.join(scratch, "tp.json")])
+            printed = buf.getvalue()
+            print(printed, end="")
+            with open(os.path.join(scratch, "tp.json")) as f:
+                done = json.load(f)
+            rows, targs.storage = done["results"], done["args"]["storage"]
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    else:
+        rows = tt.sweep(targs)
     peers = []
     vocabs = sorted({r["config"].get("data.vocab_size") for r in rows}, key=lambda v: v or 0)
     for vocab in vocabs:
@@ -252,7 +270,7 @@ def part_throughput(a: argparse.Namespace) -> Dict[str, Any]:
             ratios[str(vs)] = max(ours) / max(theirs)
     ok = all("error" not in r for r in rows + peers)
     return {"returncode": 0 if ok else 1, "args": {k: v for k, v in vars(targs).items() if k != "out"}, "rows": rows, "peers": peers,
-            "best_ratio_vs_peer": ratios, "table": tt.table(rows)}
+            "best_ratio_vs_peer": ratios, "table": tt.table(rows), "printed": printed}
 
 
 def _smoke_vocab(targs) -> int:
