@@ -321,7 +321,7 @@ class GRPOJob(Job):
         seeds = [p["seed"] for p in plan]
         t0, c0 = time.perf_counter(), time.process_time()
         if rl.turns > 1:
-            self._generate_episodes(rows, seeds)
+            self._generate_episodes(rows, seeds, [len(self.prompt_tokens(p)) for _, p in prompts])
             self._gen_t0 = t0
             self._metrics["generate_s"] = time.perf_counter() - t0  # with the reward waits between turns
             self._metrics["_gen_tokens"] = sum(r.policy_len for r in rows)
@@ -360,19 +360,21 @@ class GRPOJob(Job):
             self._metrics["spec_tokens_per_forward"] = st.tokens_per_round
         return rows
 
-    def _generate_episodes(self, rows: List[Rollout], seeds: List[int]) -> None:
+    def _generate_episodes(self, rows: List[Rollout], seeds: List[int], prompt_lens: List[int]) -> None:
         """rl.turns > 1: each row is an episode (elastic/train/fsdp_generate.py fsdp_generate_turns).
         After every round, each answered turn goes to the reward pool under f"{key}:t{turn}"; this
         rank waits for those verdicts; a turn that did not pass (and is not the last) gets the
         verifier's feedback (elastic/reward/feedback.py, rl.feedback) as the next user message,
         its text capped at rl.feedback_max_tokens tokens. A passing turn, a sandbox_error (the
         infrastructure's, not a verdict) or the last turn ends the episode. Seeds: turn t samples
-        with turn_seed(seed, t), so a resumed run reproduces the same episodes."""
+        with turn_seed(seed, t), so a resumed run reproduces the same episodes. `prompt_lens`: every
+        prompt of the step (all ranks'), which sizes the episodes' room (`episode_budget`) the same
+        at any world size."""
         from elastic.data.chat import feedback_turn_ids
         from elastic.generation.episodes import turn_seed
         from elastic.reward.feedback import MARKER, feedback_text
         from elastic.reward.verifiers.registry import parse_kind
-        from elastic.rl.algorithms.turns import cap_tokens
+        from elastic.rl.algorithms.turns import cap_tokens, episode_budget
         from elastic.train.fsdp_generate import fsdp_generate_turns
 
         rl = self.rl
@@ -412,10 +414,10 @@ class GRPOJob(Job):
                 out[i] = fb
             return out
 
-        longest = max(len(r.prompt) for r in rows)
-        budget = longest + rl.turns * rl.max_new_tokens + (rl.turns - 1) * (rl.feedback_max_tokens + 64)
+        room = episode_budget(prompt_lens, rl.turns, rl.max_new_tokens, rl.feedback_max_tokens,
+                              self.ctx.model.args.max_seq_len)
         eps = fsdp_generate_turns(self.ctx.model, [r.prompt for r in rows], rl.max_new_tokens, rl.turns, respond,
-                                  max_total_tokens=min(budget, self.ctx.model.args.max_seq_len),
+                                  max_total_tokens=room,
                                   temperature=rl.temperature, top_p=rl.top_p, top_k=rl.top_k,
                                   stop_token_ids=[self.eos_id], seed=seeds)
         for r, e in zip(rows, eps):
@@ -753,7 +755,7 @@ class GRPOJob(Job):
         from elastic.data.chat import feedback_turn_ids
         from elastic.reward.feedback import MARKER, feedback_text
         from elastic.reward.verifiers.registry import parse_kind
-        from elastic.rl.algorithms.turns import cap_tokens
+        from elastic.rl.algorithms.turns import cap_tokens, episode_budget
         from elastic.train.fsdp_generate import fsdp_generate_turns
 
         rl, ctx = self.rl, self.ctx
@@ -793,10 +795,10 @@ class GRPOJob(Job):
             return out
 
         prompts = [self.prompt_tokens(t) for t in mine]
-        longest = max((len(p) for p in prompts), default=0)
-        budget = longest + rl.turns * rl.max_new_tokens + (rl.turns - 1) * (rl.feedback_max_tokens + 64)
+        room = episode_budget([len(self.prompt_tokens(t)) for t in self.heldout], rl.turns, rl.max_new_tokens,
+                              rl.feedback_max_tokens, ctx.model.args.max_seq_len)  # every rank's tasks: resize-proof
         eps = fsdp_generate_turns(ctx.model, prompts, rl.max_new_tokens, rl.turns, respond,
-                                  max_total_tokens=min(budget, ctx.model.args.max_seq_len), temperature=0.0,
+                                  max_total_tokens=room, temperature=0.0,
                                   stop_token_ids=[self.eos_id])
         self.count_forward(sum(len(e.tokens) for e in eps))
         res = [(mine[i], v) for i, v in verdicts.items()]
