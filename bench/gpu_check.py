@@ -289,31 +289,32 @@ def _cuda() -> bool:
 
 
 # ---------------------------------------------------------------- generation
-def part_generation(smoke: bool, out_dir: str, presets: str = "125m,1b", batch: str = "1,16,64") -> Dict[str, Any]:
-    path = os.path.join(out_dir, "generate.json")
-    cmd = [_py(), os.path.join(HERE, "generate_throughput.py"), "--out", path] + (
-        ["--smoke"] if smoke else ["--presets", presets, "--batch", batch, "--new-tokens", "64"])
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=3600)
-    out: Dict[str, Any] = {"returncode": r.returncode, "stdout_tail": r.stdout.strip().splitlines()[-30:]}
+def _json_run(cmd: List[str], path: str, timeout: int, tail: int) -> Dict[str, Any]:
+    """Run a bench script that writes its results to `path`: its return code, the last `tail`
+    lines of its stdout, and the results it wrote, or the last line of its stderr if it wrote
+    none and failed."""
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
+    out: Dict[str, Any] = {"returncode": r.returncode, "stdout_tail": r.stdout.strip().splitlines()[-tail:]}
     if os.path.exists(path):
         with open(path) as f:
             out["results"] = json.load(f)
     elif r.returncode:
         out["error"] = (r.stderr.strip().splitlines() or [""])[-1]
+    return out
+
+
+def part_generation(smoke: bool, out_dir: str, presets: str = "125m,1b", batch: str = "1,16,64") -> Dict[str, Any]:
+    path = os.path.join(out_dir, "generate.json")
+    cmd = [_py(), os.path.join(HERE, "generate_throughput.py"), "--out", path] + (
+        ["--smoke"] if smoke else ["--presets", presets, "--batch", batch, "--new-tokens", "64"])
+    out = _json_run(cmd, path, timeout=3600, tail=30)
     if not smoke:
         # Speculative decoding (prompt lookup and an untrained tiny draft) beside plain generation:
         # its own table (bench/generate_throughput.py --speculative), the first preset only.
         spath = os.path.join(out_dir, "generate_speculative.json")
         cmd = [_py(), os.path.join(HERE, "generate_throughput.py"), "--speculative", "--out", spath,
                "--presets", presets.split(",")[0], "--batch", batch, "--new-tokens", "64"]
-        r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=1800)
-        spec: Dict[str, Any] = {"returncode": r.returncode, "stdout_tail": r.stdout.strip().splitlines()[-20:]}
-        if os.path.exists(spath):
-            with open(spath) as f:
-                spec["results"] = json.load(f)
-        elif r.returncode:
-            spec["error"] = (r.stderr.strip().splitlines() or [""])[-1]
-        out["speculative"] = spec
+        out["speculative"] = _json_run(cmd, spath, timeout=1800, tail=20)
     return out
 
 

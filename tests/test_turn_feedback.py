@@ -18,7 +18,7 @@ from elastic.rl.algorithms.aggregation import StepCounts
 from elastic.rl.algorithms.gae import gae_advantages_returns
 from elastic.rl.algorithms.logprobs import token_entropy, token_logprobs
 from elastic.rl.algorithms.loss import grpo_loss
-from elastic.rl.algorithms.turns import cap_tokens, episode_reward, policy_token_mask
+from elastic.rl.algorithms.turns import cap_tokens, episode_budget, episode_reward, policy_token_mask
 from tests.reward_helpers import FIXTURES, fast_settings
 
 
@@ -210,6 +210,16 @@ def test_episode_reward_by_hand():
                 dict(turn_rewards=[1.0], discount=1.5), dict(turn_rewards=[1.0], cost=-0.1)):
         with pytest.raises(ValueError):
             episode_reward(**bad)
+
+
+def test_episode_budget_is_the_whole_steps_not_a_ranks():
+    """The room of every episode comes from all the step's prompts, so splitting them over 1 or 2
+    ranks gives each the same cache size (a resized run, the same episodes)."""
+    lens = [12, 30, 7, 19]
+    want = 30 + 3 * 8 + 2 * (32 + 64)
+    assert episode_budget(lens, 3, 8, 32, 4096) == want
+    assert episode_budget(lens, 3, 8, 32, 100) == 100  # capped at max_seq_len
+    assert episode_budget([5], 1, 8, 32, 4096) == 13  # one turn: prompt + answer, no feedback room
 
 
 def test_policy_token_mask_by_hand():

@@ -7,7 +7,8 @@ written there, and query i attends over cache entries [0, pos[r] + i] (a [b, 1, 
 length-and-causal mask). Entries past a row's accepted length are never read by a later
 forward (its mask stops at its own position), so rolling back rejected drafts is only moving
 the row's length back: nothing is copied or cleared. Eager only (shapes vary with T and
-kv_len): no CUDA graph captures this path.
+kv_len): no CUDA graph captures this path. Prompts enter the cache through
+prefill.py's `prefill_slots`, as CachedDecoder's do.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from elastic.generation.static_cache import PrefillAttention, StaticKVCache
+from elastic.generation.static_cache import StaticKVCache
 from elastic.generation.step import forward_hidden
 
 
@@ -52,26 +53,3 @@ def chunk_logits(model: nn.Module, cache: StaticKVCache, rope: torch.Tensor, tok
     att = ChunkAttention(cache.k, cache.v, pos, T, kv_len)
     h = forward_hidden(model, tokens, rope[att.positions], att)
     return model.output(h).float()
-
-
-def prefill(model: nn.Module, cache: StaticKVCache, rope: torch.Tensor, slots: List[int],
-            prompts: List[List[int]]) -> torch.Tensor:
-    """Write each prompt's keys/values into its slot; logits [n, V] fp32 after each prompt's last
-    token. Equal prompts (a GRPO group) are computed once and copied to every slot taking them,
-    as CachedDecoder.prefill does."""
-    from elastic.generation.decoder import PREFILL_TOKENS, _chunks, _last_logits
-
-    dev = rope.device
-    distinct: dict = {}
-    rows = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-    uniq = [list(p) for p in distinct]
-    logits = torch.empty(len(uniq), model.args.vocab_size, device=dev)
-    for group in _chunks(uniq, PREFILL_TOKENS):
-        gset = set(group)
-        sel = [j for j, r in enumerate(rows) if r in gset]
-        local = {r: i for i, r in enumerate(group)}
-        slots_t = torch.tensor([slots[j] for j in sel], device=dev)
-        rows_t = torch.tensor([local[rows[j]] for j in sel], device=dev)
-        logits[group] = _last_logits(model, [uniq[r] for r in group], rope,
-                                     lambda: PrefillAttention(cache, slots_t, rows_t))
-    return logits[torch.tensor(rows, device=dev)]

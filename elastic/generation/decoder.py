@@ -9,7 +9,11 @@ device and advances the state in place, then returns one [2, b] tensor (tokens a
 log-probabilities) that the host reads with a single `.tolist()`. Everything inside the step
 has shapes fixed by (b, kv_len), touches no host value and allocates no tensor that outlives
 it, which is what lets CUDA capture it as a graph (elastic/generation/cuda_graphs.py) and what the
-CPU tests check (tests/test_generate_engine.py compiles it with `fullgraph=True`).
+CPU tests check (tests/test_generate_engine.py compiles it with `fullgraph=True`). The state
+tensors, the shape buckets and starting a slot from its prompt's logits are `SlotDecoder`'s,
+shared with the paged cache's decoder (paged_cache.PagedDecoder); the prefill forwards are
+prefill.py's, the step after its attention step.py's `decode_rows`, so the two caches differ in
+their attention and block bookkeeping only.
 
 Modes:
 * `eager`: CPU default. b is the number of live rows (finished rows are compacted away), and the
@@ -42,15 +46,14 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
+from elastic.generation.prefill import last_logits, prefill_slots
 from elastic.generation.sampling import SamplingParams, sample
 from elastic.generation.static_cache import PrefillAttention, StaticKVCache
-from elastic.generation.step import decode_step, forward_hidden
+from elastic.generation.step import decode_step
 
 MODES = ("eager", "fixed", "graphs", "compile")
 # Key-length granularity of the fixed-shape step: it reads at most this many unfilled entries.
 KV_BUCKET = 256
-# A prefill forward holds at most this many (padded) prompt tokens (activation memory).
-PREFILL_TOKENS = 16384
 Result = Tuple[List[int], List[float]]
 
 
@@ -76,60 +79,72 @@ def check_unsharded(model: nn.Module) -> None:
                          "elastic.train.fsdp_generate.gathered_parameters(model), or call fsdp_generate")
 
 
-def _pow2_at_least(n: int) -> int:
+def pow2_at_least(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): the batch buckets of the fixed-shape step."""
     return 1 << max(0, n - 1).bit_length()
 
 
-def _right_pad(seqs: List[List[int]], device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-    L = max(len(s) for s in seqs)
-    tokens = torch.zeros((len(seqs), L), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        tokens[i, :len(s)] = torch.tensor(s, dtype=torch.long)
-    lens = torch.tensor([len(s) for s in seqs], dtype=torch.long)
-    return tokens.to(device), lens.to(device)
+class SlotDecoder:
+    """What CachedDecoder and paged_cache.PagedDecoder share: the five [slots] state tensors on
+    the device (input token, position, seed, index of the next sampled token, live), the RoPE
+    table, the shape buckets of the fixed-shape modes, and starting slots from their prompts'
+    logits. A subclass adds its cache, prefill, step, release and move."""
+
+    def __init__(self, model: nn.Module, slots: int, capacity: int, params: SamplingParams, mode: str,
+                 kv_bucket: int = KV_BUCKET):
+        self.model, self.params, self.mode, self.kv_step = model, params, mode, kv_bucket
+        self.fixed = mode != "eager"
+        self.slots = pow2_at_least(slots) if self.fixed else slots
+        self.capacity = capacity
+        dev = model_device(model)
+        self.rope = model.rope_table(dev, capacity)
+        self.rope_real = torch.view_as_real(self.rope).clone()  # real storage: no complex graph input
+        z = lambda: torch.zeros(self.slots, dtype=torch.long, device=dev)  # noqa: E731
+        self.tok, self.pos, self.seed, self.gen, self.live = z(), z(), z(), z(), z()
+
+    def bucket(self, live: int) -> int:
+        """Rows a step computes when `live` slots (packed at the front) are live."""
+        return min(self.slots, pow2_at_least(live)) if self.fixed else live
+
+    @property
+    def admit_min(self) -> int:
+        """Free slots worth a prefill while prompts wait: any on the eager path; with fixed shapes
+        (graphs) a prefill is an uncaptured forward, so wait for an eighth of the slots."""
+        return max(1, self.slots // 8) if self.fixed else 1
+
+    def kv_bucket(self, kv_len: int) -> int:
+        """Cache entries a step reads when the longest live sequence (input token included) is
+        `kv_len`: exactly that on the eager path, a multiple of KV_BUCKET with fixed shapes."""
+        return min(self.capacity, -(-kv_len // self.kv_step) * self.kv_step) if self.fixed else kv_len
+
+    def start(self, slots: List[int], prompts: List[List[int]], seeds: List[int], logits: torch.Tensor) -> Result:
+        """After a prefill: sample each slot's first token from logits [n, V] (row j: after prompt
+        j) with its seed, and make the slot live at position len(prompt) with that token as input."""
+        dev = self.tok.device
+        slots_t = torch.tensor(slots, device=dev)
+        seed_t = torch.tensor(seeds, dtype=torch.long, device=dev)
+        zero = torch.zeros(len(slots), dtype=torch.long, device=dev)
+        nxt, logp = sample(logits, self.params, seed_t, zero)
+        self.tok[slots_t] = nxt
+        self.pos[slots_t] = torch.tensor([len(p) for p in prompts], device=dev)
+        self.seed[slots_t] = seed_t
+        self.gen[slots_t] = 1
+        self.live[slots_t] = 1
+        out = torch.stack((nxt.double(), logp.double())).tolist()
+        return [int(t) for t in out[0]], out[1]
 
 
-def _last_logits(model: nn.Module, seqs: List[List[int]], rope: torch.Tensor, att_for: Callable) -> torch.Tensor:
-    """Logits [n, V] (fp32) after the last token of each sequence, by one right-padded causal
-    forward (rope: the complex [n, D/2] table); `att_for()` makes the attention mode (it may
-    write a cache)."""
-    tokens, lens = _right_pad(seqs, rope.device)
-    h = forward_hidden(model, tokens, rope[:tokens.shape[1]][None], att_for())
-    last = h[torch.arange(len(seqs), device=h.device), lens - 1]
-    return model.output(last).float()
-
-
-def _chunks(seqs: List[List[int]], budget: int) -> List[List[int]]:
-    """Indices of `seqs` in groups whose padded size (count × longest) fits the token budget."""
-    out, cur, longest = [], [], 0
-    for i, s in enumerate(seqs):
-        L = max(longest, len(s))
-        if cur and L * (len(cur) + 1) > budget:
-            out.append(cur)
-            cur, L = [], len(s)
-        cur.append(i)
-        longest = L
-    return out + [cur] if cur else out
-
-
-class CachedDecoder:
+class CachedDecoder(SlotDecoder):
     """Static KV cache + fixed-shape decode steps (see the module docstring)."""
 
     def __init__(self, model: nn.Module, slots: int, capacity: int, params: SamplingParams, mode: str,
                  step_fn: Optional[Callable] = None, kv_bucket: int = KV_BUCKET):
         """`step_fn` replaces `decode_step` (same signature), e.g. a torch.compile'd one."""
+        super().__init__(model, slots, capacity, params, mode, kv_bucket)
         a = model.args
-        self.model, self.params, self.mode, self.kv_step = model, params, mode, kv_bucket
-        self.fixed = mode != "eager"
-        self.slots = _pow2_at_least(slots) if self.fixed else slots
-        self.capacity = capacity
-        dev = model_device(model)
         dtype = model.tok_embeddings.weight.dtype  # the compute dtype (FSDP: param_dtype once gathered)
-        self.cache = StaticKVCache(a.n_layers, self.slots, a.n_kv_heads, capacity, a.head_dim, dtype, dev)
-        self.rope = model.rope_table(dev, capacity)
-        self.rope_real = torch.view_as_real(self.rope).clone()  # real storage: no complex graph input
-        z = lambda: torch.zeros(self.slots, dtype=torch.long, device=dev)  # noqa: E731
-        self.tok, self.pos, self.seed, self.gen, self.live = z(), z(), z(), z(), z()
+        self.cache = StaticKVCache(a.n_layers, self.slots, a.n_kv_heads, capacity, a.head_dim, dtype,
+                                   model_device(model))
         self._graphs: Dict[Tuple[int, int], Callable[[], torch.Tensor]] = {}
         self._pool = None
         if step_fn is None and mode == "compile":
@@ -137,16 +152,6 @@ class CachedDecoder:
 
             step_fn = compiled_decode_step()
         self.step_fn = step_fn or decode_step
-
-    def bucket(self, live: int) -> int:
-        """Rows a step computes when `live` slots (packed at the front) are live."""
-        return min(self.slots, _pow2_at_least(live)) if self.fixed else live
-
-    @property
-    def admit_min(self) -> int:
-        """Free slots worth a prefill while prompts wait: any on the eager path; with fixed shapes
-        (graphs) a prefill is an uncaptured forward, so wait for an eighth of the slots."""
-        return max(1, self.slots // 8) if self.fixed else 1
 
     def _args(self, b: int, kv_len: int) -> tuple:
         p = self.params
@@ -156,34 +161,7 @@ class CachedDecoder:
     def prefill(self, slots: List[int], prompts: List[List[int]], seeds: List[int]) -> Result:
         """Write each prompt's keys/values into its slot and sample its first token. Equal prompts
         (a GRPO group) are computed once and copied to every slot that takes them."""
-        dev = self.tok.device
-        distinct: Dict[tuple, int] = {}
-        rows = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-        uniq = [list(p) for p in distinct]
-        logits = torch.empty(len(uniq), self.model.args.vocab_size, device=dev)
-        for group in _chunks(uniq, PREFILL_TOKENS):
-            sel = [j for j, r in enumerate(rows) if r in set(group)]
-            local = {r: i for i, r in enumerate(group)}
-            slots_t = torch.tensor([slots[j] for j in sel], device=dev)
-            rows_t = torch.tensor([local[rows[j]] for j in sel], device=dev)
-            logits[group] = _last_logits(self.model, [uniq[r] for r in group], self.rope,
-                                         lambda: PrefillAttention(self.cache, slots_t, rows_t))
-        slots_t = torch.tensor(slots, device=dev)
-        seed_t = torch.tensor(seeds, dtype=torch.long, device=dev)
-        zero = torch.zeros(len(slots), dtype=torch.long, device=dev)
-        nxt, logp = sample(logits[torch.tensor(rows, device=dev)], self.params, seed_t, zero)
-        self.tok[slots_t] = nxt
-        self.pos[slots_t] = torch.tensor([len(p) for p in prompts], device=dev)
-        self.seed[slots_t] = seed_t
-        self.gen[slots_t] = 1
-        self.live[slots_t] = 1
-        out = torch.stack((nxt.double(), logp.double())).tolist()
-        return [int(t) for t in out[0]], out[1]
-
-    def kv_bucket(self, kv_len: int) -> int:
-        """Cache entries a step reads when the longest live sequence (input token included) is
-        `kv_len`: exactly that on the eager path, a multiple of KV_BUCKET with fixed shapes."""
-        return min(self.capacity, -(-kv_len // self.kv_step) * self.kv_step) if self.fixed else kv_len
+        return self.start(slots, prompts, seeds, prefill_slots(self.model, self.cache, self.rope, slots, prompts))
 
     def step(self, b: int, kv_len: int) -> Result:
         """Decode one token for slots [0, b); `kv_len`: the longest live sequence, input token
@@ -260,11 +238,11 @@ class RecomputeDecoder:
     def prefill(self, slots: List[int], prompts: List[List[int]], seeds: List[int]) -> Result:
         for s, p, sd in zip(slots, prompts, seeds):
             self.seqs[s], self.seeds[s], self.gens[s] = list(p), sd, 0
-        return self._sample(slots, _last_logits(self.model, [list(p) for p in prompts], self.rope, PrefillAttention))
+        return self._sample(slots, last_logits(self.model, [list(p) for p in prompts], self.rope, PrefillAttention))
 
     def step(self, b: int, kv_len: int) -> Result:
         live = [s for s in range(b) if self.seqs[s] is not None]
-        toks, lps = self._sample(live, _last_logits(self.model, [self.seqs[s] for s in live], self.rope, PrefillAttention))
+        toks, lps = self._sample(live, last_logits(self.model, [self.seqs[s] for s in live], self.rope, PrefillAttention))
         out_t, out_l = [0] * b, [0.0] * b
         for s, t, lp in zip(live, toks, lps):
             out_t[s], out_l[s] = t, lp

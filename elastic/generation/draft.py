@@ -25,8 +25,9 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from elastic.generation.chunk import chunk_logits, prefill
+from elastic.generation.chunk import chunk_logits
 from elastic.generation.decoder import check_unsharded, model_device
+from elastic.generation.prefill import prefill_slots
 from elastic.generation.sampling import SamplingParams, counter_uniform, filter_logits
 from elastic.generation.static_cache import StaticKVCache
 
@@ -115,7 +116,7 @@ class ModelDrafter:
         self._base: List[int] = []
 
     def admit(self, slots: List[int], prompts: List[List[int]]) -> None:
-        prefill(self.model, self.cache, self.rope, slots, prompts)
+        prefill_slots(self.model, self.cache, self.rope, slots, prompts)
         for s, p in zip(slots, prompts):
             self.cached[s] = len(p)
 

@@ -44,9 +44,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from elastic.generation.decoder import KV_BUCKET, PREFILL_TOKENS, _chunks, _last_logits, _pow2_at_least, model_device
-from elastic.generation.sampling import SamplingParams, sample
-from elastic.generation.step import Rotation, forward_hidden
+from elastic.generation.decoder import KV_BUCKET, SlotDecoder
+from elastic.generation.prefill import distinct_prompts, prefill_logits
+from elastic.generation.sampling import SamplingParams
+from elastic.generation.step import decode_rows
 
 Result = Tuple[List[int], List[float]]
 NULL = 0  # the null block
@@ -216,20 +217,11 @@ def paged_decode_step(model: nn.Module, tok: torch.Tensor, pos: torch.Tensor, se
                       rope_real: torch.Tensor, block_size: int, b: int, kv_len: int, temperature: float, top_k: int,
                       top_p: float) -> torch.Tensor:
     """step.decode_step with the paged cache: the same state update and [2, b] result."""
-    tok_b, pos_b, live_b, gen_b = tok[:b], pos[:b], live[:b], gen[:b]
-    att = PagedDecodeAttention(k, v, table[:b], pos_b, kv_len, block_size)
-    rot = rope_real[pos_b][:, None]
-    freqs = Rotation(rot[..., 0], rot[..., 1])
-    h = forward_hidden(model, tok_b[:, None], freqs, att)
-    logits = model.output(h)[:, 0].float()
-    nxt, logp = sample(logits, SamplingParams(temperature, top_k, top_p), seed[:b], gen_b)
-    tok_b.copy_(nxt)
-    pos_b.add_(live_b)
-    gen_b.add_(live_b)
-    return torch.stack((nxt.double(), logp.double()))
+    att = PagedDecodeAttention(k, v, table[:b], pos[:b], kv_len, block_size)
+    return decode_rows(model, att, tok, pos, seed, gen, live, rope_real, b, temperature, top_k, top_p)
 
 
-class PagedDecoder:
+class PagedDecoder(SlotDecoder):
     """CachedDecoder's interface (prefill, step, release, move, bucket, admit_min, slots) over a
     PagedKVCache; modes eager and fixed (see the module docstring)."""
 
@@ -238,44 +230,25 @@ class PagedDecoder:
         if mode not in ("eager", "fixed"):
             raise ValueError(f"generate: kv_cache 'paged' runs modes eager and fixed, not {mode!r} "
                              "(CUDA graphs of the paged step are not built)")
+        super().__init__(model, slots, capacity, params, mode, kv_bucket)
         a = model.args
-        self.model, self.params, self.mode, self.kv_step = model, params, mode, kv_bucket
-        self.fixed = mode == "fixed"
-        self.slots = _pow2_at_least(slots) if self.fixed else slots
-        self.capacity = capacity
-        dev = model_device(model)
         dtype = model.tok_embeddings.weight.dtype
-        self.cache = PagedKVCache(a.n_layers, self.slots, a.n_kv_heads, capacity, a.head_dim, block_size, dtype, dev,
-                                  num_blocks)
-        self.rope = model.rope_table(dev, capacity)
-        self.rope_real = torch.view_as_real(self.rope).clone()
-        z = lambda: torch.zeros(self.slots, dtype=torch.long, device=dev)  # noqa: E731
-        self.tok, self.pos, self.seed, self.gen, self.live = z(), z(), z(), z(), z()
+        self.cache = PagedKVCache(a.n_layers, self.slots, a.n_kv_heads, capacity, a.head_dim, block_size, dtype,
+                                  self.tok.device, num_blocks)
         self.length = [0] * self.slots  # host: tokens cached per live slot (the next write position)
         self.is_live = [False] * self.slots
-
-    def bucket(self, live: int) -> int:
-        return min(self.slots, _pow2_at_least(live)) if self.fixed else live
-
-    @property
-    def admit_min(self) -> int:
-        return max(1, self.slots // 8) if self.fixed else 1
-
-    def kv_bucket(self, kv_len: int) -> int:
-        return min(self.capacity, -(-kv_len // self.kv_step) * self.kv_step) if self.fixed else kv_len
 
     def prefill(self, slots: List[int], prompts: List[List[int]], seeds: List[int]) -> Result:
         """Write each distinct prompt's keys/values once (full blocks shared by its rows, the partial
         last block copied per row) and sample each row's first token."""
         c, bs, dev = self.cache, self.cache.bs, self.tok.device
-        distinct: Dict[tuple, int] = {}
-        rows = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-        uniq = [list(p) for p in distinct]
+        rows, uniq = distinct_prompts(prompts)
         takers: List[List[int]] = [[] for _ in uniq]
         for j, r in enumerate(rows):
             takers[r].append(j)
-        logits = torch.empty(len(uniq), self.model.args.vocab_size, device=dev)
-        for group in _chunks(uniq, PREFILL_TOKENS):
+
+        def att_for(group: List[int]) -> PagedPrefillAttention:
+            """Blocks for the group's prompts, and where each of their tokens' keys/values go."""
             src_row, src_t, dst_b, dst_o = [], [], [], []
             for i, r in enumerate(group):
                 P = len(uniq[r])
@@ -297,21 +270,13 @@ class PagedDecoder:
                         dst_o += list(range(part))
                     c.set_blocks(slots[j], shared + own)
             idx = [torch.tensor(x, dtype=torch.long, device=dev) for x in (src_row, src_t, dst_b, dst_o)]
-            logits[group] = _last_logits(self.model, [uniq[r] for r in group], self.rope,
-                                         lambda: PagedPrefillAttention(c, *idx))
-        slots_t = torch.tensor(slots, device=dev)
-        seed_t = torch.tensor(seeds, dtype=torch.long, device=dev)
-        zero = torch.zeros(len(slots), dtype=torch.long, device=dev)
-        nxt, logp = sample(logits[torch.tensor(rows, device=dev)], self.params, seed_t, zero)
-        self.tok[slots_t] = nxt
-        self.pos[slots_t] = torch.tensor([len(p) for p in prompts], device=dev)
-        self.seed[slots_t] = seed_t
-        self.gen[slots_t] = 1
-        self.live[slots_t] = 1
+            return PagedPrefillAttention(c, *idx)
+
+        logits = prefill_logits(self.model, self.rope, uniq, att_for)
+        out = self.start(slots, prompts, seeds, logits[torch.tensor(rows, device=dev)])
         for s, p in zip(slots, prompts):
             self.length[s], self.is_live[s] = len(p), True
-        out = torch.stack((nxt.double(), logp.double())).tolist()
-        return [int(t) for t in out[0]], out[1]
+        return out
 
     def step(self, b: int, kv_len: int) -> Result:
         """Give every live row whose next token starts a block a new block, then decode one token

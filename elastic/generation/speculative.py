@@ -41,10 +41,11 @@ from typing import Callable, List, Optional, Sequence, Union
 import torch
 import torch.nn as nn
 
-from elastic.generation.chunk import chunk_logits, prefill
+from elastic.generation.chunk import chunk_logits
 from elastic.generation.completion import Completion
 from elastic.generation.decoder import model_device
 from elastic.generation.draft import ModelDrafter, NgramDrafter, draw
+from elastic.generation.prefill import prefill_slots
 from elastic.generation.sampling import SamplingParams, counter_uniform, filter_logits, sample
 from elastic.generation.static_cache import StaticKVCache
 
@@ -225,7 +226,7 @@ class _Spec:
             take = list(range(n, min(self.slots, n + len(self.queue))))
             idx = [self.queue.popleft() for _ in take]
             ps = [self.prompts[i] for i in idx]
-            logits = prefill(self.model, self.cache, self.rope, take, ps)
+            logits = prefill_slots(self.model, self.cache, self.rope, take, ps)
             seed = torch.tensor([self.seeds[i] for i in idx], dtype=torch.long, device=self.dev)
             tok, lp = sample(logits, self.params, seed, torch.zeros_like(seed))
             self.drafter.admit(take, ps)

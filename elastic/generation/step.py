@@ -52,8 +52,17 @@ def decode_step(model: nn.Module, tok: torch.Tensor, pos: torch.Tensor, seed: to
     graph to eager). Writes each slot's key/value at pos, samples token `gen` of each slot, then
     in place: tok = sampled, pos += live, gen += live. Returns [2, b] float64: the sampled tokens
     (exact: ids < 2^53) and their log-probabilities."""
+    att = DecodeAttention([t[:b] for t in k], [t[:b] for t in v], pos[:b], kv_len)
+    return decode_rows(model, att, tok, pos, seed, gen, live, rope_real, b, temperature, top_k, top_p)
+
+
+def decode_rows(model: nn.Module, att, tok: torch.Tensor, pos: torch.Tensor, seed: torch.Tensor, gen: torch.Tensor,
+                live: torch.Tensor, rope_real: torch.Tensor, b: int, temperature: float, top_k: int,
+                top_p: float) -> torch.Tensor:
+    """A decode step once its attention is made (`att`: the static cache's DecodeAttention, or
+    paged_cache's, built for slots [0, b) at pos[:b]): the model on each slot's input token at
+    its position, sampling, and the in-place state update. Arguments and result as decode_step."""
     tok_b, pos_b, live_b, gen_b = tok[:b], pos[:b], live[:b], gen[:b]
-    att = DecodeAttention([t[:b] for t in k], [t[:b] for t in v], pos_b, kv_len)
     rot = rope_real[pos_b][:, None]  # [b, 1, D/2, 2]
     freqs = Rotation(rot[..., 0], rot[..., 1])  # what apply_rope reads of a complex table, as real tensors
     h = forward_hidden(model, tok_b[:, None], freqs, att)

@@ -42,14 +42,17 @@ def feedback_kind(reward_kind: str) -> str:
     return next((n for n, _ in parse_kind(reward_kind) if n != "model"), "")
 
 
-def episode_sampling(rl: Any, prompts: Sequence[Sequence[int]], max_seq_len: int, eos_id: int,
+def episode_sampling(rl: Any, prompt_lens: Sequence[int], max_seq_len: int, eos_id: int,
                      greedy: bool = False) -> Dict[str, Any]:
-    """The EpisodeBatch arguments of a batch: the sequence budget (prompt + turns answers +
-    (turns - 1) capped feedback messages with 64 tokens of template each, at most the model's
-    max_seq_len) and the sampling settings (`greedy`: held-out evaluation)."""
-    longest = max((len(p) for p in prompts), default=0)
-    budget = longest + rl.turns * rl.max_new_tokens + (rl.turns - 1) * (rl.feedback_max_tokens + 64)
-    out: Dict[str, Any] = {"max_total_tokens": min(budget, max_seq_len), "stop_token_ids": [eos_id]}
+    """The EpisodeBatch arguments of a generation call: the sequence room of every episode
+    (elastic/rl/algorithms/turns.py `episode_budget` of `prompt_lens`, the lengths of ALL the
+    prompts the call stands for: the step's, every rank's, so the room does not depend on the
+    world size or on how the fleet cut the step into units) and the sampling settings (`greedy`:
+    held-out evaluation)."""
+    from elastic.rl.algorithms.turns import episode_budget
+
+    room = episode_budget(prompt_lens, rl.turns, rl.max_new_tokens, rl.feedback_max_tokens, max_seq_len)
+    out: Dict[str, Any] = {"max_total_tokens": room, "stop_token_ids": [eos_id]}
     if greedy:
         out["temperature"] = 0.0
     else:

@@ -333,7 +333,7 @@ class GRPOJob(Job):
         seeds = [p["seed"] for p in plan]
         t0, c0 = time.perf_counter(), time.process_time()
         if rl.turns > 1:
-            self._generate_episodes(rows, seeds)
+            self._generate_episodes(rows, seeds, [len(self.prompt_tokens(p)) for _, p in prompts])
             self._gen_t0 = t0
             self._metrics["generate_s"] = time.perf_counter() - t0  # with the reward waits between turns
             self._metrics["_gen_tokens"] = sum(r.policy_len for r in rows)
@@ -372,12 +372,13 @@ class GRPOJob(Job):
             self._metrics["spec_tokens_per_forward"] = st.tokens_per_round
         return rows
 
-    def _generate_episodes(self, rows: List[Rollout], seeds: List[int]) -> None:
+    def _generate_episodes(self, rows: List[Rollout], seeds: List[int], prompt_lens: List[int]) -> None:
         """rl.turns > 1: each row is an episode, played under gathered parameters
         (elastic/train/fsdp_generate.py fsdp_generate_turns) with the scorer both placements use
         (elastic/rl/episodes.py: every answered turn scored under f"{key}:t{turn}", this rank waits,
         the verifier's feedback as the next user message, turn t sampled with turn_seed(seed, t),
-        so a resumed run reproduces the same episodes)."""
+        so a resumed run reproduces the same episodes). `prompt_lens`: every prompt of the step
+        (all ranks'), which sizes the episodes' room (`episode_budget`) the same at any world size."""
         from elastic.rl.episodes import TurnScorer, episode_rows, episode_sampling, feedback_kind
         from elastic.train.fsdp_generate import fsdp_generate_turns
 
@@ -386,7 +387,7 @@ class GRPOJob(Job):
                             [{"key": r.key, "problem": r.problem, "seed": s} for r, s in zip(rows, seeds)])
         prompts = [r.prompt for r in rows]
         eps = fsdp_generate_turns(self.ctx.model, prompts, rl.max_new_tokens, rl.turns, scorer,
-                                  **episode_sampling(rl, prompts, self.ctx.model.args.max_seq_len, self.eos_id),
+                                  **episode_sampling(rl, prompt_lens, self.ctx.model.args.max_seq_len, self.eos_id),
                                   seed=seeds)
         for r, got in zip(rows, episode_rows(eps, scorer.turns)):
             _set_episode(r, got)
@@ -749,8 +750,9 @@ class GRPOJob(Job):
             return out
 
         prompts = [self.prompt_tokens(t) for t in mine]
+        every = [len(self.prompt_tokens(t)) for t in self.heldout]  # every rank's tasks: the same room at any world size
         eps = fsdp_generate_turns(ctx.model, prompts, rl.max_new_tokens, rl.turns, respond,
-                                  **episode_sampling(rl, prompts, ctx.model.args.max_seq_len, self.eos_id, greedy=True))
+                                  **episode_sampling(rl, every, ctx.model.args.max_seq_len, self.eos_id, greedy=True))
         self.count_forward(sum(len(e.tokens) for e in eps))
         res = [(mine[i], v) for i, v in verdicts.items()]
         alls = [x for p in ctx.comm.all_gather_object(res) for x in p]

@@ -94,3 +94,23 @@ def cap_tokens(ids: Sequence[int], max_tokens: int, marker: Optional[Sequence[in
         return ids
     mark = list(marker or [])[:max_tokens]
     return ids[:max_tokens - len(mark)] + mark
+
+
+# Room for the chat template's tokens around one feedback message (end of turn, user header,
+# assistant header), on top of its capped text.
+FEEDBACK_TEMPLATE_TOKENS = 64
+
+
+def episode_budget(prompt_lens: Sequence[int], turns: int, max_new_tokens: int, feedback_max_tokens: int,
+                   max_seq_len: int) -> int:
+    """The sequence room of every episode of a generation call: the longest prompt, ``turns``
+    answers of ``max_new_tokens``, ``turns - 1`` feedback messages of ``feedback_max_tokens`` plus
+    the template's tokens, capped at ``max_seq_len``.
+
+    prompt_lens: the lengths of *all* the prompts the call stands for (every rank's, not only this
+    rank's), so the room, and with it whether an episode ends for lack of it (``length``), does
+    not depend on how the prompts were split over ranks: a resized run gets the same episodes.
+    """
+    longest = max(prompt_lens, default=0)
+    need = longest + turns * max_new_tokens + (turns - 1) * (feedback_max_tokens + FEEDBACK_TEMPLATE_TOKENS)
+    return min(need, max_seq_len)

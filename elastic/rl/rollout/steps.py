@@ -46,14 +46,18 @@ class StepPlanner:
         return self.stream.step(step, self.rl.prompts_per_step)
 
     def rows(self, step: int, ks: Sequence[int]) -> List[Dict[str, Any]]:
-        """{k, problem, prompt, seed, key} for completions `ks` of `step`."""
+        """{k, problem, prompt, seed, key, step_prompt_len} for completions `ks` of `step`
+        (`step_prompt_len`: the step's longest prompt, every rank's: multi-turn episodes' room,
+        elastic/rl/episodes.py episode_sampling, the same however the step is split)."""
         prompts = self.prompts(step)
+        longest = max(len(self.prompt_tokens(p)) for _, p in prompts)
         out = []
         for k in ks:
             slot, sample = group_of(k, self.rl.group_size)
             problem = prompts[slot][1]
             out.append({"k": k, "problem": problem, "prompt": self.prompt_tokens(problem),
-                        "seed": rollout_seed(self.seed, step, slot, sample), "key": f"{self.run_name}:{step}:{k}"})
+                        "seed": rollout_seed(self.seed, step, slot, sample), "key": f"{self.run_name}:{step}:{k}",
+                        "step_prompt_len": longest})
         return out
 
     def rank_parts(self, world: int) -> List[List[int]]:

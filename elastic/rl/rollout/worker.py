@@ -171,7 +171,7 @@ class RolloutWorker:
         prompts = [r["prompt"] for r in rows]
         t0, c0 = time.perf_counter(), time.process_time()
         eps = play_episodes(self.gen_model, prompts, rl.max_new_tokens, rl.turns, respond,
-                            **episode_sampling(rl, prompts, self.model.args.max_seq_len, self.eos_id),
+                            **episode_sampling(rl, [r["step_prompt_len"] for r in rows], self.model.args.max_seq_len, self.eos_id),
                             seed=[r["seed"] for r in rows])
         gen_s = time.perf_counter() - t0  # with the reward waits between turns, as colocated
         got = episode_rows(eps, scorer.turns)
