@@ -1,9 +1,13 @@
 """Multi-turn GRPO (issue 44, rl.turns > 1, colocated placement) end to end on a real local Ray
-cluster: a tiny random-init policy answers, the CPU reward pool scores every turn (the `regex`
-verifier: a pattern random text sometimes contains), a turn that did not pass gets the verdict as
-the next user message and the policy answers again. Checks the episode records (per-turn
-verdicts, transcripts), the pass@t metrics, that feedback tokens are outside the loss mask, and
-that a run stopped after step 1 and resumed reproduces the same episodes."""
+cluster: a tiny random-init policy answers, the CPU reward pool scores every turn, a turn that
+did not pass gets a message as the next user turn and the policy answers again. The run uses a
+user environment (rl.env, tests/fixtures/user_envs/envs.py HasE: passes when the answer contains
+an 'e', which random text sometimes does, as the `regex` verifier would): its reset gives the
+first user message, its step every turn's reward and message, replayed on the pool's actors.
+(The verifiers' feedback, made in the pool, is checked on a real pool in tests/test_reward_pool.py.)
+Checks the episode records (per-turn verdicts, transcripts, the first message), the pass@t
+metrics, that feedback tokens are outside the loss mask, and that a run stopped after step 1 and
+resumed reproduces the same episodes (same first messages, same feedback)."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from elastic.config import ConfigError, load_config
 from tests.helpers import read_jsonl
 
 PATTERN = "e"  # random BPE text contains it often, not always: some turns pass, some get feedback
+ENV = "tests.fixtures.user_envs.envs:HasE"  # passes on an 'e' (PATTERN), else a "Verdict: ..." message
 
 
 def test_sequence_batch_masks_feedback_tokens_out():
@@ -43,7 +48,7 @@ def _overrides(tmp, base, name, steps, **extra):
          "reward.kind": "regex", "reward.pattern": PATTERN, "rl.tasks": str(tasks), "rl.heldout": "[]",
          "rl.heldout_tasks": str(held), "rl.eval_every": 2, "rl.prompts_per_step": 2, "rl.group_size": 4, "rl.max_new_tokens": 8,
          "rl.micro_batch_size": 4, "rl.updates_per_rollout": 1, "rl.kl_coef": 0.05, "data.seq_len": 128,
-         "rl.turns": 2, "rl.feedback": "details", "rl.feedback_max_tokens": 32, "rl.turn_reward": "discounted",
+         "rl.turns": 2, "rl.env": ENV, "rl.feedback": "details", "rl.feedback_max_tokens": 32, "rl.turn_reward": "discounted",
          "rl.turn_discount": 0.5, "train.steps": steps, "train.lr": 1e-3, "train.warmup_steps": 0,
          "checkpoint.every_steps": 1, "wandb.mode": "disabled", "reward.num_actors": 1, "data.ledger": "true",
          "scaling.min_workers": 2, "scaling.max_workers": 2}
@@ -56,7 +61,11 @@ def test_multi_turn_config_errors_are_one_line(tmp_path):
 
     make_hf_dir(tmp_path / "base", "llama")
     for extra, where in (({"rl.rollout.placement": "disaggregated", "rl.rollout.workers": 1}, "rl.turns"),
-                         ({"generation.kv_cache": "paged"}, "generation.kv_cache")):
+                         ({"generation.kv_cache": "paged"}, "generation.kv_cache"),
+                         ({"rl.env": "my-envs.Counter"}, "rl.env"), ({"rl.env": "envs:Counter:x"}, "rl.env"),
+                         ({"rl.tasks": ""}, "rl.tasks"), ({"rl.eval_samples": 2, "rl.eval_k": "[1]"}, "rl.eval_samples"),
+                         ({"rl.turns": 1, "rl.rollout.placement": "disaggregated", "rl.rollout.workers": 1}, "rl.env"),
+                         ({"rl.turns": 1, "rl.algorithm": "ppo"}, "rl.env")):
         with pytest.raises(ConfigError) as e:
             _overrides(tmp_path, tmp_path / "base", "bad", 2, **extra)
         assert str(e.value).startswith(where) and "\n" not in str(e.value)
@@ -78,6 +87,7 @@ def two_turns(ray_local, tmp_path_factory):
 
 def test_grpo_two_turn_episodes_records_and_pass_at_turn_metrics(two_turns):
     tmp_path, base = two_turns
+    prompts = {r["task_id"]: r["prompt"] for r in read_jsonl(tmp_path / "tasks.jsonl")}
     rolls = {(r["step"], r["k"]): r for r in read_jsonl(tmp_path / "runs" / "a" / "rollouts.jsonl")}
     assert sorted(rolls) == [(s, k) for s in (1, 2) for k in range(8)]
     for r in rolls.values():
@@ -86,8 +96,11 @@ def test_grpo_two_turn_episodes_records_and_pass_at_turn_metrics(two_turns):
         assert all(t["status"] in ("ok", "wrong_answer") and "reward" in t for t in turns)
         assert [t["turn"] for t in turns] == list(range(1, len(turns) + 1))
         assert all(t["status"] != "ok" for t in turns[:-1])  # a passing turn ends the episode
+        assert r["first_message"] == "write " + prompts[r["problem"]]  # the environment's reset, the prompt's text
         if len(turns) == 2:
-            assert turns[0]["feedback"].startswith("Verdict")  # the verdict came back as the next message
+            fb = turns[0]["feedback"]  # the environment's message came back as the next user turn
+            want = f"Verdict: wrong answer (no 'e'; turn 1, {len(turns[0]['text'])} characters so far)"
+            assert fb == want or (fb.endswith("[truncated]") and want.startswith(fb[:-len("\n[truncated]")])), fb
             assert r["policy_spans"][1][0] > r["policy_spans"][0][1]  # feedback tokens between the answers
         assert r["status"] == turns[-1]["status"]
         want = sum(0.5 ** i * t["reward"] for i, t in enumerate(turns))  # discounted, gamma 0.5

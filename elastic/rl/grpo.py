@@ -85,6 +85,7 @@ class Rollout:
     spans: Optional[List[Tuple[int, int]]] = None
     turns: Optional[List[Dict[str, Any]]] = None
     episode_end: Optional[str] = None  # "done" (passed) | "turns" (rl.turns reached) | "length" (no room left)
+    first_message: Optional[str] = None  # rl.env: the environment's first user message (the prompt's text)
 
     @property
     def policy_len(self) -> int:
@@ -231,7 +232,9 @@ class GRPOJob(Job):
         from elastic.reward.verifiers.registry import parse_kind
 
         self.rm = ctx.config.get("rm_service")
-        self.rm_weight = dict(parse_kind(cfg.reward.kind)).get("model", 0.0)
+        # With rl.env the environment scores every turn: reward.kind, its model term too, scores nothing.
+        self.rm_weight = 0.0 if rl.env else dict(parse_kind(cfg.reward.kind)).get("model", 0.0)
+        self._env_keys: List[str] = []  # this step's reset keys (rl.env), forgotten with the turns'
         self.run_name = cfg.run.name
         self.N = rl.prompts_per_step * rl.group_size
         # Every rank's completions per minibatch (all ranks plan the same micro-batch counts).
@@ -298,7 +301,8 @@ class GRPOJob(Job):
                 yield Update(micro_batches=micro, normaliser=1.0, tokens=int(sum(r.policy_len for r in rows)),
                              compute_tokens=int(sum(len(r.prompt) + len(r.tokens) for r in rows + pad)))
         self.reward.forget([r.key for r in rollouts if r.turns is None]
-                           + [t["key"] for r in rollouts if r.turns for t in r.turns])
+                           + [t["key"] for r in rollouts if r.turns for t in r.turns] + self._env_keys)
+        self._env_keys = []
         self._cursor = (step + 1) * rl.prompts_per_step
 
     def consumed_sample_ids(self) -> List[int]:
@@ -320,7 +324,7 @@ class GRPOJob(Job):
             return self._take(step, rows)
         seeds = [p["seed"] for p in plan]
         t0, c0 = time.perf_counter(), time.process_time()
-        if rl.turns > 1:
+        if rl.turns > 1 or rl.env:
             self._generate_episodes(rows, seeds)
             self._gen_t0 = t0
             self._metrics["generate_s"] = time.perf_counter() - t0  # with the reward waits between turns
@@ -361,25 +365,24 @@ class GRPOJob(Job):
         return rows
 
     def _generate_episodes(self, rows: List[Rollout], seeds: List[int]) -> None:
-        """rl.turns > 1: each row is an episode (elastic/train/fsdp_generate.py fsdp_generate_turns).
-        After every round, each answered turn goes to the reward pool under f"{key}:t{turn}"; this
-        rank waits for those verdicts; a turn that did not pass (and is not the last) gets the
-        verifier's feedback (elastic/reward/feedback.py, rl.feedback) as the next user message,
-        its text capped at rl.feedback_max_tokens tokens. A passing turn, a sandbox_error (the
-        infrastructure's, not a verdict) or the last turn ends the episode. Seeds: turn t samples
-        with turn_seed(seed, t), so a resumed run reproduces the same episodes."""
-        from elastic.data.chat import feedback_turn_ids
+        """rl.turns > 1 or rl.env: each row is an episode (elastic/train/fsdp_generate.py
+        fsdp_generate_turns). After every round, each answered turn goes to the reward pool under
+        f"{key}:t{turn}"; this rank waits for those verdicts; a turn that did not pass (and is not
+        the last) gets the pool's message (`Result.feedback`) as the next user message, its text
+        capped at rl.feedback_max_tokens tokens: the verifier's feedback for rl.feedback, made in
+        the pool where the task's tests are (elastic/reward/feedback.py), or with rl.env the
+        environment's (elastic/reward/verifiers/user_env.py; the episode's earlier answers go with
+        each turn, replayed on the actor). A passing turn (an environment's done), a
+        sandbox_error (the infrastructure's, not a verdict) or the last turn ends the episode.
+        With rl.env the prompt is the environment's first message (`_env_prompts`). Seeds: turn t
+        samples with turn_seed(seed, t), so a resumed run reproduces the same episodes."""
         from elastic.generation.episodes import turn_seed
-        from elastic.reward.feedback import MARKER, feedback_text
-        from elastic.reward.verifiers.registry import parse_kind
-        from elastic.rl.algorithms.turns import cap_tokens
         from elastic.train.fsdp_generate import fsdp_generate_turns
 
         rl = self.rl
-        kind = next((n for n, _ in parse_kind(self.ctx.cfg.reward.kind) if n != "model"), "")
-        marker = [e.ids for e in self.tok.encode_batch([MARKER])][0]
         for r in rows:
             r.turns, r.spans = [], []
+        failed = self._env_prompts(rows, [f"{r.key}:reset" for r in rows], self._env_keys) if rl.env else {}
 
         def respond(answered, last: bool) -> Dict[int, Optional[List[int]]]:
             items = []
@@ -389,26 +392,19 @@ class GRPOJob(Job):
                 key = f"{r.key}:t{t}"
                 r.turns.append({"turn": t + 1, "key": key, "tokens": len(c.tokens), "finish": c.finish_reason,
                                 "text": text, "seed": turn_seed(seeds[i], t)})
-                items.append((key, r.problem, text))
-            self.reward.submit(items, wait=False)
-            keys = [k for k, _, _ in items]
-            got: Dict[str, Any] = {}
-            while len(got) < len(keys):
-                got.update(self.reward.results([k for k in keys if k not in got], timeout_s=30.0))
+                items.append((i, key, r.problem, text, [x["text"] for x in r.turns[:-1]]))
+            got = self._turn_results(items, failed)
             out: Dict[int, Optional[List[int]]] = {}
             for i, t, c in answered:
                 res = got[f"{rows[i].key}:t{t}"]
                 rec = rows[i].turns[-1]
                 rec.update(status=res.status, reward=float(res.reward), speedup=res.speedup,
                            reason=(res.reason or "")[:300])
-                fb = None if last else feedback_text(res, kind, rl.feedback)
+                fb = None if last else res.feedback
                 if fb is not None:
-                    ids = [e.ids for e in self.tok.encode_batch([fb])][0]
-                    if len(ids) > rl.feedback_max_tokens:  # the message's own tokens; the template's come on top
-                        fb = self.tok.decode(cap_tokens(ids, rl.feedback_max_tokens, marker), skip_special_tokens=False)
+                    fb = self._cap_feedback(fb)
                     rec["feedback"] = fb
-                    fb = feedback_turn_ids(fb, self.chat, self.tok.encode_batch, self.eos_id,
-                                           turn_closed=c.finish_reason == "stop")
+                    fb = self._feedback_ids(fb, c)
                 out[i] = fb
             return out
 
@@ -425,6 +421,78 @@ class GRPOJob(Job):
             r.episode_end = e.finish_reason
             # the episode ran out of room, or its last answer was cut at max_new_tokens
             r.truncated = e.finish_reason == "length" or e.finish_reasons[-1] == "length"
+
+    # -- multi-turn helpers (rl.turns > 1, rl.env) ----------------------------------------------
+    def _await(self, items: List[Tuple]) -> Dict[str, Any]:
+        """Submit (key, task, completion[, Request]) items to the reward service without a round
+        trip and wait for all their results (tensor-parallel peers submit the same keys: the
+        service keeps one per key)."""
+        keys = [it[0] for it in items]
+        if items:
+            self.reward.submit(items, wait=False)
+        got: Dict[str, Any] = {}
+        while len(got) < len(keys):
+            got.update(self.reward.results([k for k in keys if k not in got], timeout_s=30.0))
+        return got
+
+    def _env_prompts(self, rows: List[Any], keys: List[str], keep: List[str]) -> Dict[int, Any]:
+        """rl.env: every episode's first user message from the environment's reset(task), one
+        pool call per episode before generation (identical resets are evaluated once), rendered
+        with the chat template (rl.prompt_format) as the row's prompt. Returns {row: Result} of
+        the episodes that cannot start: reset raised, hung or returned no text, or its message
+        leaves no room to answer. They keep the task's own prompt and are dropped like a
+        sandbox_error (no verdict on the policy, which has not acted yet). `keep` collects the
+        keys, forgotten with the step's."""
+        from elastic.reward.request import Request
+        from elastic.reward.result import Result
+
+        keep.extend(keys)
+        got = self._await([(k, r.problem, "", Request(reset=True)) for k, r in zip(keys, rows)])
+        failed: Dict[int, Any] = {}
+        room = self.ctx.model.args.max_seq_len - self.rl.max_new_tokens
+        for i, (k, r) in enumerate(zip(keys, rows)):
+            res = got[k]
+            ids = self.planner.text_tokens(res.feedback) if res.status == "ok" and res.feedback else None
+            if ids is not None and len(ids) <= room:
+                r.first_message, r.prompt = res.feedback, ids
+                continue
+            why = (f"rl.env reset: {res.status}: {res.reason}" if ids is None else
+                   f"rl.env reset: the first message of {len(ids)} tokens leaves no room for rl.max_new_tokens "
+                   f"{self.rl.max_new_tokens} in model max_seq_len {self.ctx.model.args.max_seq_len}")
+            failed[i] = Result(r.problem, "sandbox_error", self.ctx.cfg.reward.failure_reward, reason=why[:300])
+        return failed
+
+    def _turn_results(self, items: List[Tuple[int, str, str, str, List[str]]], failed: Dict[int, Any]) -> Dict[str, Any]:
+        """The pool's Result of each answered turn: items are (episode, key, task, text, the
+        episode's earlier answers). With rl.env the earlier answers go along (the actor replays
+        them); otherwise the pool is asked for rl.feedback's feedback. Episodes in `failed` (no
+        first message) get their reset's Result without asking."""
+        from elastic.reward.request import Request
+
+        rl = self.rl
+        ask = [(key, task, text, Request(history=tuple(before)) if rl.env else Request(feedback=rl.feedback))
+               for i, key, task, text, before in items if i not in failed]
+        got = self._await(ask)
+        got.update({key: failed[i] for i, key, _, _, _ in items if i in failed})
+        return got
+
+    def _cap_feedback(self, text: str) -> str:
+        """A message cut to rl.feedback_max_tokens tokens (its own; the template's come on top)."""
+        from elastic.reward.feedback import MARKER
+        from elastic.rl.algorithms.turns import cap_tokens
+
+        ids = [e.ids for e in self.tok.encode_batch([text])][0]
+        if len(ids) <= self.rl.feedback_max_tokens:
+            return text
+        marker = [e.ids for e in self.tok.encode_batch([MARKER])][0]
+        return self.tok.decode(cap_tokens(ids, self.rl.feedback_max_tokens, marker), skip_special_tokens=False)
+
+    def _feedback_ids(self, text: str, answer) -> List[int]:
+        """The next user turn's token ids in the chat template, after `answer` (a Completion)."""
+        from elastic.data.chat import feedback_turn_ids
+
+        return feedback_turn_ids(text, self.chat, self.tok.encode_batch, self.eos_id,
+                                 turn_closed=answer.finish_reason == "stop")
 
     def _episode_result(self, r: Rollout) -> Any:
         """An episode's verdict: the last turn's status and speed-up, the episode reward of its
@@ -443,7 +511,8 @@ class GRPOJob(Job):
         first = _first_pass(r)
         return {"turns_used": len(r.turns), "episode_end": r.episode_end, "fixed_by_feedback": first is not None and first > 1,
                 "first_pass_turn": first, "policy_spans": [list(x) for x in r.spans],
-                "turns": [{k: v for k, v in t.items() if k != "key"} for t in r.turns]}
+                "turns": [{k: v for k, v in t.items() if k != "key"} for t in r.turns],
+                **({"first_message": r.first_message} if self.rl.env else {})}
 
     def _draft_kwargs(self) -> Dict[str, Any]:
         """generate()'s speculative-decoding arguments from the `generation` section ({} when off);
@@ -698,7 +767,7 @@ class GRPOJob(Job):
 
         rl, ctx = self.rl, self.ctx
         n = rl.eval_samples
-        if rl.turns > 1 and n == 1:
+        if (rl.turns > 1 or rl.env) and n == 1:  # rl.env: n is 1 (config)
             return self._heldout_eval_turns(step)
         items = [(t, j) for t in self.heldout for j in range(n)]
         mine = items[ctx.rank::ctx.world_size]
@@ -746,53 +815,45 @@ class GRPOJob(Job):
         return out
 
     def _heldout_eval_turns(self, step: int) -> Dict[str, Any]:
-        """rl.turns > 1 with rl.eval_samples 1: one greedy episode per held-out task, feedback as
-        in training; `heldout_pass_at_turn_t` is the share of tasks passed by turn t (the pass@t
+        """rl.turns > 1 (or rl.env) with rl.eval_samples 1: one greedy episode per held-out task,
+        first message and feedback as in training; `heldout_pass_at_turn_t` is the share of tasks passed by turn t (the pass@t
         curve; `heldout_pass_at_1` is turn 1's, the single-turn greedy pass@1). Every turn's
         verdict goes to eval_verdicts.jsonl (with its `turn`)."""
-        from elastic.data.chat import feedback_turn_ids
-        from elastic.reward.feedback import MARKER, feedback_text
-        from elastic.reward.verifiers.registry import parse_kind
-        from elastic.rl.algorithms.turns import cap_tokens
+        from types import SimpleNamespace
+
         from elastic.train.fsdp_generate import fsdp_generate_turns
 
         rl, ctx = self.rl, self.ctx
-        kind = next((nm for nm, _ in parse_kind(ctx.cfg.reward.kind) if nm != "model"), "")
-        marker = [e.ids for e in self.tok.encode_batch([MARKER])][0]
         mine = self.heldout[ctx.rank::ctx.world_size]
         verdicts: Dict[int, List[Tuple[int, str, Optional[float]]]] = {i: [] for i in range(len(mine))}
         keys: List[str] = []
         path = os.path.join(ctx.local_dir, EVAL_VERDICTS)
+        heads = [SimpleNamespace(problem=t, prompt=self.prompt_tokens(t), first_message=None) for t in mine]
+        failed = self._env_prompts(heads, [f"{self.run_name}:eval{step}:{t}:0:reset" for t in mine], keys) if rl.env else {}
+        texts: Dict[int, List[str]] = {i: [] for i in range(len(mine))}
 
         def respond(answered, last: bool) -> Dict[int, Optional[List[int]]]:
             items = []
             for i, t, c in answered:
                 key = f"{self.run_name}:eval{step}:{mine[i]}:0:t{t}"
-                items.append((key, mine[i], decode_text(self.tok, list(c.tokens))))
-            keys.extend(k for k, _, _ in items)
-            self.reward.submit(items, wait=False)  # tensor-parallel peers: the service keeps one per key
-            got: Dict[str, Any] = {}
-            while len(got) < len(items):
-                got.update(self.reward.results([k for k, _, _ in items if k not in got], timeout_s=30.0))
+                text = decode_text(self.tok, list(c.tokens))
+                items.append((i, key, mine[i], text, list(texts[i])))
+                texts[i].append(text)
+            keys.extend(k for _, k, _, _, _ in items)
+            got = self._turn_results(items, failed)
             out: Dict[int, Optional[List[int]]] = {}
-            for (i, t, c), (key, task, text) in zip(answered, items):
+            for (i, t, c), (_, key, task, text, _) in zip(answered, items):
                 res = got[key]
                 verdicts[i].append((t + 1, res.status, res.speedup))
                 if ctx.tp_rank == 0:
                     append_record(path, {"step": step, "task": task, "sample": 0, "turn": t + 1, "status": res.status,
                                          "reward": res.reward, "speedup": res.speedup, "reason": (res.reason or "")[:300],
                                          "completion": text[:4000]})
-                fb = None if last else feedback_text(res, kind, rl.feedback)
-                if fb is not None:
-                    ids = [e.ids for e in self.tok.encode_batch([fb])][0]
-                    if len(ids) > rl.feedback_max_tokens:
-                        fb = self.tok.decode(cap_tokens(ids, rl.feedback_max_tokens, marker), skip_special_tokens=False)
-                    fb = feedback_turn_ids(fb, self.chat, self.tok.encode_batch, self.eos_id,
-                                           turn_closed=c.finish_reason == "stop")
-                out[i] = fb
+                fb = None if last else res.feedback
+                out[i] = None if fb is None else self._feedback_ids(self._cap_feedback(fb), c)
             return out
 
-        prompts = [self.prompt_tokens(t) for t in mine]
+        prompts = [h.prompt for h in heads]
         longest = max((len(p) for p in prompts), default=0)
         budget = longest + rl.turns * rl.max_new_tokens + (rl.turns - 1) * (rl.feedback_max_tokens + 64)
         eps = fsdp_generate_turns(ctx.model, prompts, rl.max_new_tokens, rl.turns, respond,
