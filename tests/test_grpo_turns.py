@@ -65,7 +65,8 @@ def test_multi_turn_config_errors_are_one_line(tmp_path):
                          ({"rl.env": "my-envs.Counter"}, "rl.env"), ({"rl.env": "envs:Counter:x"}, "rl.env"),
                          ({"rl.tasks": ""}, "rl.tasks"), ({"rl.eval_samples": 2, "rl.eval_k": "[1]"}, "rl.eval_samples"),
                          ({"rl.turns": 1, "rl.rollout.placement": "disaggregated", "rl.rollout.workers": 1}, "rl.env"),
-                         ({"rl.turns": 1, "rl.algorithm": "ppo"}, "rl.env")):
+                         ({"rl.turns": 1, "rl.algorithm": "ppo"}, "rl.env"),
+                         ({"reward.function_timeout_s": 50}, "reward.function_timeout_s")):
         with pytest.raises(ConfigError) as e:
             _overrides(tmp_path, tmp_path / "base", "bad", 2, **extra)
         assert str(e.value).startswith(where) and "\n" not in str(e.value)

@@ -286,6 +286,11 @@ def _validate_rl_tasks(cfg: Config) -> None:
                                            "with an id and a prompt, the row reaches reset(task) as task['fields'])")
         _check(rl.eval_samples == 1, "rl.eval_samples", f"with rl.env held-out evaluation is one greedy episode per task "
                                                         f"(1), got {rl.eval_samples}")
+        longest = rw.function_timeout_s * (rl.turns + 1)  # the replay of the last turn: reset + rl.turns steps
+        _check(longest < rw.item_deadline_s, "reward.function_timeout_s",
+               f"{rw.function_timeout_s:g} s per environment call x (rl.turns {rl.turns} + 1) = {longest:g} s for the last "
+               f"turn's replay must stay under reward.item_deadline_s {rw.item_deadline_s:g} (else a slow environment "
+               "is killed as a stuck actor, not scored timeout)")
     if code_opt:
         _check(not rl.tasks, "rl.tasks", f"reward.kind {rw.kind!r} scores the problems of rl.problems; rl.tasks "
                                          "is for the other verifiers (python_tests, math_answer, ...)")
