@@ -23,7 +23,7 @@ def env_pool(ray_local, tmp_path_factory):
     0.5 s time limit per environment call (the hang's)."""
     from elastic.reward.pool import RewardPool
 
-    section = RewardSection(num_actors=2, dedup_window=0, function_timeout_s=0.5, item_deadline_s=60.0,
+    section = RewardSection(num_actors=2, dedup_window=0, function_timeout_s=0.5,
                             cache_dir=str(tmp_path_factory.mktemp("reward-cache")))
     tasks = {t: Task(t, f"count to {i}", fields={"n": i}) for i, t in enumerate(["a", "b", "bad-reset-1"])}
     pool = RewardPool(section, tasks=tasks, env=COUNTER)
@@ -61,7 +61,7 @@ def test_env_raise_hang_and_failed_reset_are_scored_not_fatal(env_pool):
     assert hung.status == "timeout" and hung.feedback is None and "did not return within 1 s" in hung.reason  # 2 calls x 0.5 s
     assert bad.status == "runtime_error" and "RuntimeError: no episode for bad-reset-1" in bad.reason
     assert (after.status, after.reward) == ("ok", 1.0)  # the pool and the killed child go on
-    assert time.monotonic() - t0 < 60
+    assert time.monotonic() - t0 < 300  # the hang was killed, not waited for (it sleeps an hour)
     assert env_pool.stats()["replaced_actors"] == 0  # scored on the actors, no infrastructure failure
 
 

@@ -93,6 +93,8 @@ class RewardActor:
         self.env = Env(self.settings, spec)
         if SANDBOXED & set(spec.kinds) and not spec.env:
             self.env.sandbox  # noqa: B018 - probe now (fails closed at once), sweep a killed predecessor's leftovers
+        if spec.env:
+            self.env.start_env()  # the environment's child, imported now rather than within a turn's deadline
 
     def layers(self) -> Dict[str, Any]:
         return self.env.sandbox.layers if SANDBOXED & set(self.spec.kinds) and not self.spec.env else {}

@@ -163,17 +163,27 @@ class Env:
                                           self.settings.failure_reward, self.spec.pass_threshold)
         return self._runner
 
-    def env_turn(self, task: Task, history: Tuple[str, ...], completion: Optional[str]) -> Result:
-        """rl.env: a reset (``completion`` None) or a turn of ``task``'s episode, as a Result
-        (elastic/reward/verifiers/user_env.py). The environment's child starts on first use; one
-        that cannot start (the class does not import here) makes every call a sandbox_error."""
-        from elastic.reward.verifiers.user_env import EnvRunner, env_turn
+    def start_env(self) -> None:
+        """rl.env: start the environment's child (the class imported once) unless it runs. A
+        reward actor calls it at construction, so the first turn it scores does not pay the
+        child's start within its item deadline. A start that failed (the class does not import,
+        or not within 60 s on a loaded node) is tried again at the next call, never cached."""
+        from elastic.reward.verifiers.user_env import EnvRunner
 
-        if self._env_runner is None and not self._env_broken:
+        if self._env_runner is None:
             try:
                 self._env_runner = EnvRunner(self.spec.env, self.spec.function_timeout_s)
+                self._env_broken = ""
             except ValueError as e:
                 self._env_broken = str(e)
+
+    def env_turn(self, task: Task, history: Tuple[str, ...], completion: Optional[str]) -> Result:
+        """rl.env: a reset (``completion`` None) or a turn of ``task``'s episode, as a Result
+        (elastic/reward/verifiers/user_env.py). A child that cannot start (the class does not
+        import here) makes the call a sandbox_error (infrastructure, dropped by the trainer)."""
+        from elastic.reward.verifiers.user_env import env_turn
+
+        self.start_env()
         return env_turn(self._env_runner, task.id, task_payload(task), history, completion,
                         self.settings.failure_reward, self.spec.pass_threshold, self._env_broken)
 
