@@ -193,8 +193,9 @@ def test_ppo_two_turn_episodes_run_with_a_critic(ray_local, tmp_path):
     feedback spans skipped; its math is checked without Ray in tests/test_ppo_turns.py): a 2-step
     run on 1 worker, no held-out eval. Its episodes are GRPO's (same records); the critic trains
     on them. The run uses a user environment (rl.env HasE): its reset gives the first user message
-    (the prompt trained on), its step every turn's reward and the next message. Marked slow: its own Ray Train launch (114 s on 2 busy cores, where the module
-    fixture's GRPO run took 133 s)."""
+    (the prompt trained on), its step every turn's reward and the next message. Marked slow: its
+    own Ray Train launch (114 s on 2 busy cores, where the module fixture's GRPO run took 133 s;
+    with the environment 47-90 s, where that run took 85 s)."""
     from elastic.launch.grpo import run_grpo
     from tests.hf_helpers import make_hf_dir
 
@@ -222,6 +223,7 @@ def test_ppo_two_turn_episodes_run_with_a_critic(ray_local, tmp_path):
             want = f"Verdict: wrong answer (no 'e'; turn 1, {len(turns[0]['text'])} characters so far)"
             assert fb == want or (fb.endswith("[truncated]") and want.startswith(fb[:-len("\n[truncated]")])), fb
             assert r["policy_spans"][1][0] > r["policy_spans"][0][1]  # feedback tokens between the answers
+    assert any(len(r["turns"]) == 2 for r in rolls), "no episode got the environment's message"
     m = read_jsonl(tmp_path / "runs" / "ppo" / "metrics.jsonl")
     assert [x["step"] for x in m] == [1, 2]
     for x in m:
