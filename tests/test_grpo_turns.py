@@ -2,10 +2,13 @@
 verifier: a pattern random text sometimes contains), a turn that did not pass gets the verdict as
 the next user message and the policy answers again. Checks the episode records (per-turn
 verdicts, transcripts), the pass@t metrics, that feedback tokens are outside the loss mask, and
-that a run stopped after step 1 and resumed at another world size reproduces the same episodes;
-that the disaggregated placement (a rollout fleet playing the episodes) at max_staleness 0
-reproduces the colocated run; and that PPO runs the same episodes with its critic
-(tests/test_ppo_turns.py checks PPO's GAE on them)."""
+that a run stopped after step 1 and resumed at another world size reproduces the same episodes; that the disaggregated
+placement (a rollout fleet playing the episodes) at max_staleness 0 reproduces the colocated run;
+and that PPO runs the same episodes with its critic (tests/test_ppo_turns.py checks PPO's GAE on
+them), there with a user environment (rl.env, tests/fixtures/user_envs/envs.py HasE: passes when
+the answer contains an 'e', as the regex verifier would) giving the first message, every turn's
+reward and the next message, replayed on the pool's actors. The verifier's feedback is made in the
+pool (Result.feedback) in every run here but the PPO one."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from elastic.config import ConfigError, load_config
 from tests.helpers import read_jsonl
 
 PATTERN = "e"  # random BPE text contains it often, not always: some turns pass, some get feedback
+ENV = "tests.fixtures.user_envs.envs:HasE"  # passes on an 'e' (PATTERN), else a "Verdict: ..." message
 
 
 def test_sequence_batch_masks_feedback_tokens_out():
@@ -58,10 +62,20 @@ def test_multi_turn_config_errors_are_one_line(tmp_path):
 
     make_hf_dir(tmp_path / "base", "llama")
     for extra, where in (({"rl.algorithm": "ppo", "rl.rollout.placement": "disaggregated", "rl.rollout.workers": 1}, "rl.turns"),
-                         ({"generation.kv_cache": "paged"}, "generation.kv_cache")):
+                         ({"generation.kv_cache": "paged"}, "generation.kv_cache"),
+                         ({"rl.env": "my-envs.Counter"}, "rl.env"), ({"rl.env": "envs:Counter:x"}, "rl.env"),
+                         ({"rl.env": ENV, "rl.tasks": ""}, "rl.tasks"),
+                         ({"rl.env": ENV, "rl.eval_samples": 2, "rl.eval_k": "[1]"}, "rl.eval_samples"),
+                         ({"rl.env": ENV, "rl.rollout.placement": "disaggregated", "rl.rollout.workers": 1}, "rl.env"),
+                         ({"rl.env": ENV, "rl.turns": 1, "rl.rollout.placement": "disaggregated",
+                           "rl.rollout.workers": 1}, "rl.env"),
+                         ({"rl.env": ENV, "reward.function_timeout_s": 50}, "reward.function_timeout_s")):
         with pytest.raises(ConfigError) as e:
             _overrides(tmp_path, tmp_path / "base", "bad", 2, **extra)
         assert str(e.value).startswith(where) and "\n" not in str(e.value)
+    for algo in ("grpo", "ppo"):  # an environment's episodes run colocated with either, also at rl.turns 1
+        assert _overrides(tmp_path, tmp_path / "base", "ok", 2, **{"rl.env": ENV, "rl.turns": 1,
+                                                                   "rl.algorithm": algo}).rl.env == ENV
 
 
 @pytest.fixture(scope="module")
@@ -196,8 +210,10 @@ def test_ppo_two_turn_episodes_run_with_a_critic(ray_local, tmp_path):
     """rl.algorithm ppo with rl.turns 2 (elastic/rl/ppo.py rank_gae: GAE over the policy's tokens,
     feedback spans skipped; its math is checked without Ray in tests/test_ppo_turns.py): a 2-step
     run on 1 worker, no held-out eval. Its episodes are GRPO's (same records); the critic trains
-    on them. Marked slow: its own Ray Train launch (114 s on 2 busy cores, where the module
-    fixture's GRPO run took 133 s)."""
+    on them. The run uses a user environment (rl.env HasE): its reset gives the first user message
+    (the prompt trained on), its step every turn's reward and the next message. Marked slow: its
+    own Ray Train launch (114 s on 2 busy cores, where the module fixture's GRPO run took 133 s;
+    with the environment 47-90 s, where that run took 85 s)."""
     from elastic.launch.grpo import run_grpo
     from tests.hf_helpers import make_hf_dir
 
@@ -206,13 +222,26 @@ def test_ppo_two_turn_episodes_run_with_a_critic(ray_local, tmp_path):
     cfg = _overrides(tmp_path, base, "ppo", 2, **{"rl.algorithm": "ppo", "rl.eval_every": 0, "rl.group_size": 2,
                                                   "rl.micro_batch_size": 2, "rl.critic_lr": 1e-3,
                                                   "checkpoint.every_steps": 2, "data.ledger": "false",
-                                                  "scaling.min_workers": 1, "scaling.max_workers": 1})
+                                                  "scaling.min_workers": 1, "scaling.max_workers": 1,
+                                                  "rl.env": ENV})
     res = run_grpo(cfg, progress=False)
     assert res.checkpoint.endswith("step_00000002") and not res.stopped
     rolls = read_jsonl(tmp_path / "runs" / "ppo" / "rollouts.jsonl")
     assert sorted((r["step"], r["k"]) for r in rolls) == [(s, k) for s in (1, 2) for k in range(4)]
+    prompts = {r["task_id"]: r["prompt"] for r in read_jsonl(tmp_path / "tasks.jsonl")}
     for r in rolls:
-        assert 1 <= r["turns_used"] == len(r["turns"]) <= 2 and r["tokens"] == sum(b - a for a, b in r["policy_spans"])
+        turns = r["turns"]
+        assert 1 <= r["turns_used"] == len(turns) <= 2 and r["tokens"] == sum(b - a for a, b in r["policy_spans"])
+        assert r["first_message"] == "write " + prompts[r["problem"]]  # the environment's reset, the prompt's text
+        for t in turns:  # the environment's reward: 1 on an 'e', its status from reward.pass_threshold
+            assert (t["reward"], t["status"]) == ((1.0, "ok") if "e" in t["text"] else (0.0, "wrong_answer")), t
+        assert all(t["status"] != "ok" for t in turns[:-1])  # the environment's done ends the episode
+        if len(turns) == 2:
+            fb = turns[0]["feedback"]  # the environment's message came back as the next user turn
+            want = f"Verdict: wrong answer (no 'e'; turn 1, {len(turns[0]['text'])} characters so far)"
+            assert fb == want or (fb.endswith("[truncated]") and want.startswith(fb[:-len("\n[truncated]")])), fb
+            assert r["policy_spans"][1][0] > r["policy_spans"][0][1]  # feedback tokens between the answers
+    assert any(len(r["turns"]) == 2 for r in rolls), "no episode got the environment's message"
     m = read_jsonl(tmp_path / "runs" / "ppo" / "metrics.jsonl")
     assert [x["step"] for x in m] == [1, 2]
     for x in m:

@@ -58,6 +58,37 @@ def test_identical_programs_evaluated_once(pool):
     assert pool.stats()["evaluations"] == after["evaluations"]
 
 
+def test_feedback_is_made_in_the_pool_with_the_failing_test(pool):
+    """Multi-turn feedback (rl.feedback) is made in the pool, where the problem's tests are:
+    code_opt's details show the first failing test's input, expected and actual output (the
+    trainer, which has no tests, could not), within the byte budget; one evaluation serves every
+    mode (the dedup window), and a submission without a Request gets no feedback."""
+    from elastic.reward.request import Request
+
+    prob = pool.problems["pair-sum"]
+    lang, src = prob.solutions["wrong"]
+    wrong = fence(lang, src + "\n/* feedback */\n")
+    before = pool.stats()["evaluations"]
+    details, verdict, small, plain = pool.evaluate_batch([
+        ("pair-sum", wrong, Request(feedback="details", feedback_bytes=4096)),
+        ("pair-sum", wrong, Request(feedback="verdict")),
+        ("pair-sum", wrong, Request(feedback="details", feedback_bytes=48)),
+        ("pair-sum", wrong)])
+    assert pool.stats()["evaluations"] - before == 1
+    assert details.status == "wrong_answer"
+    failed = next(t for t in details.tests if t.status == "wrong_answer")
+    case = next(c for c in prob.tests if c.name == failed.name)
+    text = details.feedback
+    assert text.startswith(f"Verdict: wrong answer on test {failed.name}")
+    assert "Input:\n" + case.input.decode().strip() in text  # from the problem's own test files
+    assert "Expected output:\n" + case.expected.decode().strip() in text
+    assert "Your output:\n" + failed.output.strip() in text
+    assert verdict.feedback == "Verdict: wrong answer."
+    assert len(small.feedback.encode()) <= 48 and small.feedback.endswith("[truncated]")
+    assert text.startswith(small.feedback[:-len("\n[truncated]")])
+    assert plain.feedback is None
+
+
 def test_killed_actor_mid_batch(pool):
     import ray
 

@@ -345,3 +345,83 @@ def test_multiturn_bench_interleave_fixed_share_and_token_budget():
     assert fixed_share(0.0, 0.0) == 0.0 and fixed_share(1.0, 1.0) is None and fixed_share(None, 0.5) is None
     cum = {1: 100, 2: 210, 3: 290, 4: 420}
     assert closest_step(cum, 300) == 3 and closest_step(cum, 250) == 2 and closest_step(cum, 10_000) == 4
+
+
+class _CharTok:
+    """One id per character (decode drops nothing): the messages can be read off the ids."""
+
+    class _E:
+        def __init__(self, t):
+            self.ids = [ord(ch) for ch in t]
+
+    def encode_batch(self, texts):
+        return [self._E(t) for t in texts]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(i) for i in ids)
+
+
+class _Service:
+    """The reward service's client interface (submit / results) over fixed answers: records what
+    each submission asked (its Request), so the test reads what both placements send."""
+
+    def __init__(self, answer):
+        self.answer, self.asked, self.done = answer, [], {}
+
+    def submit(self, items, wait=True):
+        for key, task, text, request in items:
+            self.asked.append((key, task, text, request))
+            self.done[key] = self.answer(task, text, request)
+
+    def results(self, keys, timeout_s):
+        return {k: self.done[k] for k in keys if k in self.done}
+
+
+@pytest.mark.parametrize("env", ["", "m:Env"])
+def test_turn_scorer_takes_the_pools_message_and_sends_the_request(env):
+    """elastic/rl/episodes.py (both placements): each turn is submitted with Request(feedback=
+    rl.feedback), or with rl.env the episode's earlier answers; the next user message is the
+    pool's Result.feedback, only its tokens capped here; no message ends the episode; an episode
+    whose environment did not start (first_messages) gets its reset's Result, never asked."""
+    from types import SimpleNamespace
+
+    from elastic.generation.episodes import turn_seed
+    from elastic.reward.request import Request
+    from elastic.rl.episodes import TurnScorer, first_messages, reset_key
+
+    rl = SimpleNamespace(env=env, feedback="details", feedback_max_tokens=20, max_new_tokens=4)
+    long_msg = "x" * 50
+
+    def answer(task, text, request):
+        if request.reset:
+            return Result(task, "ok", 0.0, feedback="" if task == "broken" else f"go {task}")
+        passed = text == "yes"
+        return Result(task, "ok" if passed else "wrong_answer", float(passed), feedback=None if passed else long_msg)
+
+    svc, tok, fmt = _Service(answer), _CharTok(), ChatFormat()
+    rows = [{"key": f"s:{i}", "problem": p, "seed": i, "prompt": [1, 2]} for i, p in enumerate(("a", "b", "broken"))]
+    failed = {}
+    if env:
+        texts, prompts, failed = first_messages(svc, rows, lambda t: [ord(c) for c in t],
+                                                room=100, failure_reward=-1.0)
+        assert texts == ["go a", "go b", None] and prompts == [[ord(c) for c in "go a"], [ord(c) for c in "go b"], [1, 2]]
+        assert list(failed) == [2] and failed[2].status == "sandbox_error" and failed[2].reward == -1.0
+        assert [k for k, *_ in svc.asked] == [reset_key(r["key"]) for r in rows] == ["s:0:reset", "s:1:reset", "s:2:reset"]
+        assert first_messages(svc, rows[:1], lambda t: [0] * len(t), room=3, failure_reward=0.0)[2][0].reason.startswith(
+            "rl.env reset: the first message of 4 tokens leaves no room")
+        svc.asked.clear()
+    scorer = TurnScorer(rl, svc, tok, fmt, eos_id=0, rows=rows, failed=failed)
+    ans = lambda text, finish="stop": SimpleNamespace(tokens=[ord(c) for c in text], finish_reason=finish)
+    out = scorer([(0, 0, ans("no")), (1, 0, ans("yes")), (2, 0, ans("no"))], last=False)
+    assert out[1] is None and scorer.turns[1][0]["status"] == "ok"  # passed: no message
+    assert (out[2] is None) == bool(env)  # a failed reset's sandbox_error ends the episode
+    fb = scorer.turns[0][0]["feedback"]
+    assert len(tok.encode_batch([fb])[0].ids) <= rl.feedback_max_tokens < len(long_msg)  # the trainer's token cap
+    assert fb.startswith("x") and fb.endswith(MARKER.strip())
+    assert out[0] == feedback_turn_ids(fb, fmt, tok.encode_batch, 0, turn_closed=True)
+    out = scorer([(0, 1, ans("yes"))], last=True)
+    assert out == {0: None} and scorer.turns[0][1]["seed"] == turn_seed(0, 1)
+    sent = {k: r for k, _, _, r in svc.asked}
+    assert "s:2:t0" not in sent if env else "s:2:t0" in sent
+    want = (lambda before: Request(history=before)) if env else (lambda before: Request(feedback="details"))
+    assert sent["s:0:t0"] == want(()) and sent["s:0:t1"] == want(("no",)) and sent["s:1:t0"] == want(())

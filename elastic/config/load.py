@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Any, Dict, Iterable, Mapping, Optional
 
@@ -266,6 +267,8 @@ def _validate_rl(cfg: Config) -> None:
 RL_PROMPT_FORMATS = ("chat", "raw")
 RL_TURN_REWARDS = ("last", "discounted")  # elastic/rl/algorithms/turns.py TURN_REWARDS
 RL_FEEDBACK = ("verdict", "details")  # elastic/reward/feedback.py MODES
+# rl.env: "module:Class" (elastic/reward/verifiers/user_env.py check_spec says the same)
+ENV_SPEC = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _validate_rl_tasks(cfg: Config) -> None:
@@ -273,9 +276,21 @@ def _validate_rl_tasks(cfg: Config) -> None:
     weights in reward.kind are parsed by elastic/reward/verifiers/registry.py in the driver's plan, still
     before any work starts (the config layer imports nothing)."""
     rl, rw = cfg.rl, cfg.reward
-    code_opt = "code_opt" in rw.kind
+    code_opt = "code_opt" in rw.kind and not rl.env  # with rl.env, reward.kind scores nothing
     _check(bool(rw.kind.strip()), "reward.kind", "must name a verifier (code_opt, python_tests, math_answer, "
                                                  "exact_match, regex, function) or a sum such as 'math_answer + 0.1*regex'")
+    if rl.env:
+        _check(ENV_SPEC.match(rl.env) is not None, "rl.env", f"must be 'module:Class' (e.g. 'my_envs:Counter'; the "
+                                                             f"module importable on the reward actors), got {rl.env!r}")
+        _check(bool(rl.tasks), "rl.tasks", f"rl.env {rl.env!r} steps the tasks of a task file (JSONL or Parquet; any row "
+                                           "with an id and a prompt, the row reaches reset(task) as task['fields'])")
+        _check(rl.eval_samples == 1, "rl.eval_samples", f"with rl.env held-out evaluation is one greedy episode per task "
+                                                        f"(1), got {rl.eval_samples}")
+        longest = rw.function_timeout_s * (rl.turns + 1)  # the replay of the last turn: reset + rl.turns steps
+        _check(longest < rw.item_deadline_s, "reward.function_timeout_s",
+               f"{rw.function_timeout_s:g} s per environment call x (rl.turns {rl.turns} + 1) = {longest:g} s for the last "
+               f"turn's replay must stay under reward.item_deadline_s {rw.item_deadline_s:g} (else a slow environment "
+               "is killed as a stuck actor, not scored timeout)")
     if code_opt:
         _check(not rl.tasks, "rl.tasks", f"reward.kind {rw.kind!r} scores the problems of rl.problems; rl.tasks "
                                          "is for the other verifiers (python_tests, math_answer, ...)")
@@ -338,17 +353,24 @@ def _validate_rollout(rl) -> None:
 def _validate_turns(rl, cfg) -> None:
     """Multi-turn settings (issue 44): GRPO runs episodes in either placement (the trainers or the
     rollout fleet, elastic/rl/episodes.py), PPO colocated (its multi-turn run on the fleet is not
-    tested yet); on the static KV cache, full weights, no draft."""
+    tested yet), a user environment (rl.env, either algorithm) colocated; on the static KV cache,
+    full weights, no draft."""
     _check(rl.turns >= 1, "rl.turns", f"must be >= 1 (1 = single turn), got {rl.turns}")
+    if rl.env:
+        _check(rl.rollout.placement == "colocated", "rl.env",
+               f"rl.env runs colocated (rl.rollout.placement colocated; the fleet's actors do not reset "
+               f"environments yet), got {rl.rollout.placement}")
     if rl.turns > 1:
         _check(rl.algorithm == "grpo" or rl.rollout.placement == "colocated", "rl.turns",
                f"rl.turns > 1 with rl.algorithm {rl.algorithm} runs colocated (rl.rollout.placement colocated), "
                f"got {rl.rollout.placement}")
+    if rl.turns > 1 or rl.env:  # episodes (an environment's too, at any rl.turns)
+        what = "rl.turns > 1" if rl.turns > 1 else "rl.env"
         g = cfg.generation
         _check(g.kv_cache == "static", "generation.kv_cache",
-               f"rl.turns > 1 runs on the static KV cache (episodes keep a slot), got {g.kv_cache}")
-        _check(g.draft == "none", "generation.draft", f"rl.turns > 1 runs without speculative decoding, got {g.draft}")
-        _check(g.weights == "full", "generation.weights", f"rl.turns > 1 generates with full weights, got {g.weights}")
+               f"{what} runs on the static KV cache (episodes keep a slot), got {g.kv_cache}")
+        _check(g.draft == "none", "generation.draft", f"{what} runs without speculative decoding, got {g.draft}")
+        _check(g.weights == "full", "generation.weights", f"{what} generates with full weights, got {g.weights}")
     _check(rl.turn_reward in RL_TURN_REWARDS, "rl.turn_reward",
            f"must be one of {'|'.join(RL_TURN_REWARDS)}, got {rl.turn_reward!r}")
     _check(0 < rl.turn_discount <= 1, "rl.turn_discount", f"must be in (0, 1], got {rl.turn_discount}")

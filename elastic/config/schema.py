@@ -556,6 +556,14 @@ class RLSection:
     # when the task row sets reveal_answer: true). Cut to feedback_max_tokens tokens.
     feedback: str = "verdict"
     feedback_max_tokens: int = 256
+    # Your own environment (docs/grpo.md "Your own environment"): "module:Class" with
+    # reset(task) -> the first user message and step(completion) -> (feedback, reward, done),
+    # run on the reward pool's actors like reward.function (a raise or a hang is scored, never
+    # fatal), replayed from reset for every turn, so it must be deterministic given the task and
+    # the answers. It then scores every turn: reward.kind scores nothing, tasks come from
+    # rl.tasks (any row with an id and a prompt). Runs on the multi-turn path (colocated; GRPO or PPO)
+    # also at rl.turns 1. Empty: the verifiers of reward.kind score and give the feedback.
+    env: str = ""
     # Where rollouts are generated: colocated (the trainers) or disaggregated (a fleet of actors).
     rollout: RolloutSection = field(default_factory=RolloutSection)
 

@@ -41,11 +41,12 @@ def reward_service_name(cfg: Config) -> str:
 
 
 def reward_spec(cfg: Config):
-    """reward.kind and its options, parsed; ConfigError (one line) when they are wrong."""
+    """reward.kind and its options (or rl.env, which then scores instead), parsed; ConfigError
+    (one line) when they are wrong."""
     from elastic.reward.verifiers.registry import spec_from_section
 
     try:
-        return spec_from_section(cfg.reward)
+        return spec_from_section(cfg.reward, cfg.rl.env)
     except ValueError as e:
         raise ConfigError(str(e)) from None
 
@@ -53,19 +54,20 @@ def reward_spec(cfg: Config):
 def plan_tasks(cfg: Config, spec) -> Tuple[Dict[str, Any], Any, List[str]]:
     """(every task by id, the train/held-out split, lines for the console). code_opt: the problem
     directory rl.problems, held out by rl.heldout ids. Other verifiers: rl.tasks (+ rl.heldout_tasks),
-    bad rows counted and reported. Also refuses untrusted programs without bubblewrap, before any work."""
+    bad rows counted and reported; rl.env: the same, each row needing only an id and a prompt.
+    Also refuses untrusted programs without bubblewrap, before any work."""
     from elastic.reward.verifiers.code_opt.problems import load_problems
     from elastic.reward.tasks import TaskError, load_tasks, tasks_from_problems
     from elastic.rl.split import ProblemSplit, split_problems
 
     rl, rw = cfg.rl, cfg.reward
     notes: List[str] = []
-    if "code_opt" in spec.kinds:
+    if "code_opt" in spec.kinds and not spec.env:
         problems = load_problems(rl.problems)  # ProblemError: one line naming the file and field
         tasks = tasks_from_problems(problems, lambda p: prompt_text(p.root))
         split = split_problems(tasks, rl.heldout, where=rl.problems)
     else:
-        needs, limits = spec.needs(), (rw.python_time_limit_s, rw.python_memory_mb)
+        needs, limits = () if spec.env else spec.needs(), (rw.python_time_limit_s, rw.python_memory_mb)
         train = load_tasks(rl.tasks, rl.fields, needs, limits)
         notes.append(train.describe())
         tasks = dict(train.tasks)
@@ -90,7 +92,7 @@ def check_isolation(cfg: Config, spec) -> None:
     the reward actors' image): say so now, in one line, rather than from every actor later."""
     from elastic.reward.pool import SANDBOXED
 
-    if not (SANDBOXED & set(spec.kinds)) or cfg.reward.allow_weak_isolation:
+    if not (SANDBOXED & set(spec.kinds)) or cfg.reward.allow_weak_isolation or spec.env:
         return
     from elastic.sandbox.isolation import detect, unavailable_message
 
@@ -149,15 +151,17 @@ class GRPOLaunch(JobLaunch):
         self.service = None
         self.rm = None
         self.fleet = None
-        if "model" in self.spec.kinds:
+        self.rm_term = "model" in self.spec.kinds and not self.spec.env  # with rl.env reward.kind scores nothing
+        if self.rm_term:
             check_reward_model(cfg, self.tok.json)
 
     def describe(self) -> list:
         rl = self.cfg.rl
-        what = "problems" if "code_opt" in self.spec.kinds else "tasks"
+        what = "problems" if "code_opt" in self.spec.kinds and not self.spec.env else "tasks"
         algo = "PPO" if rl.algorithm == "ppo" else "GRPO"
         lines = [f"[elastic] {algo}: {len(self.split.train)} training {what}, {len(self.split.heldout)} held out; "
-                 f"{rl.prompts_per_step} prompts x {rl.group_size} samples per step; reward {self.spec.text}; "
+                 f"{rl.prompts_per_step} prompts x {rl.group_size} samples per step; "
+                 f"reward {'rl.env ' + self.spec.env if self.spec.env else self.spec.text}; "
                  f"policy from {self.cfg.model.init_from}"]
         if rl.algorithm == "ppo":
             from elastic.rl.ppo import critic_config
@@ -168,8 +172,9 @@ class GRPOLaunch(JobLaunch):
         return lines + [f"[elastic] {n}" for n in self.task_note]
 
     def start(self, cfg: Config, paths: RunPaths) -> None:
-        self.service = start_service(cfg.reward, cfg.rl.problems, name=reward_service_name(cfg), tasks=self.tasks)
-        if "model" in self.spec.kinds:
+        self.service = start_service(cfg.reward, cfg.rl.problems, name=reward_service_name(cfg), tasks=self.tasks,
+                                     env=cfg.rl.env)
+        if self.rm_term:
             from elastic.launch.reward_model_service import start_rm_service
 
             self.rm = start_rm_service(cfg.reward, name=reward_service_name(cfg))

@@ -22,6 +22,10 @@ sandbox layers) is ever included.
 The whole text is cut to ``max_bytes`` UTF-8 bytes (at a character boundary, ending with
 :data:`MARKER`). The token cap ``rl.feedback_max_tokens`` is the caller's, after tokenizing
 (``elastic.rl.algorithms.turns.cap_tokens``).
+
+Where it runs: in the reward pool (elastic/reward/pool.py, for a submission whose
+:class:`~elastic.reward.request.Request` names a mode), where the task and its tests are at
+hand; the trainer gets the text as ``Result.feedback`` and applies the token cap.
 """
 
 from __future__ import annotations

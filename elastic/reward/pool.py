@@ -39,7 +39,13 @@ One mechanism serves both callers: :meth:`RewardPool.submit` enqueues a completi
   failed attempts with no success in between (actors that die at once, again and again).
 * Tasks (code-optimisation problems, Python tests, math answers...: elastic/reward/tasks.py)
   are shipped by value through the object store (``ray.put`` once per task), so actors need no
-  shared filesystem. What scores them is ``reward.kind`` (elastic/reward/verifiers/registry.py).
+  shared filesystem. What scores them is ``reward.kind`` (elastic/reward/verifiers/registry.py),
+  or with ``env`` (``rl.env``) a user's environment class, stepped by stateless replay
+  (elastic/reward/verifiers/user_env.py): a submission then carries the episode's earlier
+  answers (:class:`~elastic.reward.request.Request`), and they are part of its dedup identity.
+* Feedback for multi-turn RL is made here, where the task is at hand: a submission whose
+  Request names an ``rl.feedback`` mode gets ``Result.feedback`` (elastic/reward/feedback.py),
+  computed per delivery, so one evaluation (and its dedup copies) serves every mode.
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ from typing import Any, Deque, Dict, Hashable, List, Optional, Sequence, Tuple
 import ray
 
 from elastic.reward.verifiers.code_opt.problems import Problem, load_problems
+from elastic.reward.feedback import MARKER, cut_bytes, feedback_text
+from elastic.reward.request import Request
 from elastic.reward.result import STATUSES, Result
 from elastic.reward.settings import EvalSettings
 from elastic.reward.tasks import Task, tasks_from_problems
@@ -83,11 +91,13 @@ class RewardActor:
         self.settings = dataclasses.replace(settings, cpu=index)
         self.spec = spec
         self.env = Env(self.settings, spec)
-        if SANDBOXED & set(spec.kinds):
+        if SANDBOXED & set(spec.kinds) and not spec.env:
             self.env.sandbox  # noqa: B018 - probe now (fails closed at once), sweep a killed predecessor's leftovers
+        if spec.env:
+            self.env.start_env()  # the environment's child, imported now rather than within a turn's deadline
 
     def layers(self) -> Dict[str, Any]:
-        return self.env.sandbox.layers if SANDBOXED & set(self.spec.kinds) else {}
+        return self.env.sandbox.layers if SANDBOXED & set(self.spec.kinds) and not self.spec.env else {}
 
     def pid(self) -> int:
         return os.getpid()
@@ -110,8 +120,20 @@ class RewardActor:
             os.sched_setaffinity(0, {cpu})
         return score_many(list(zip(tasks, completions)), self.spec, self.env)
 
+    def env_turn(self, task: Task, history: Tuple[str, ...], completion: Optional[str]) -> Result:
+        """rl.env: the episode's first message (``completion`` None) or one turn, replayed from
+        a fresh environment (elastic/reward/verifiers/user_env.py)."""
+        cpu = self.settings.pinned_cpu()
+        if cpu is not None:
+            os.sched_setaffinity(0, {cpu})
+        return self.env.env_turn(task, history, completion)
+
 
 SANDBOXED = {"code_opt", "python_tests"}  # verifiers that run untrusted programs
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode(errors="surrogatepass")).hexdigest()
 
 
 def program_key(problem_id: str, *parts: Optional[str]) -> str:
@@ -133,6 +155,8 @@ class _Job:
     completion: str
     language: str
     tokens: List[Hashable]
+    history: Optional[Tuple[str, ...]] = None  # rl.env: the episode's earlier answers; None: not an env call
+    reset: bool = False  # rl.env: the first message (the completion is not used)
     attempts: int = 0
     last_slot: Optional[int] = None
     queued_t: float = dataclasses.field(default_factory=time.monotonic)  # when it (last) entered the queue
@@ -150,10 +174,13 @@ class RewardPool:
     """
 
     def __init__(self, section, problems_dir: "str | Path | None" = None,
-                 problems: Optional[Dict[str, Problem]] = None, tasks: Optional[Dict[str, Task]] = None) -> None:
+                 problems: Optional[Dict[str, Problem]] = None, tasks: Optional[Dict[str, Task]] = None,
+                 env: str = "") -> None:
         self.section = section
         self.settings = EvalSettings.from_section(section)
-        self.spec = spec_from_section(section)
+        self.spec = spec_from_section(section, env)
+        # The verifier whose feedback a Request asks for (a `model` term has none).
+        self.feedback_kind = next((k for k in self.spec.kinds if k != "model"), "")
         if tasks is None:
             self.problems = problems if problems is not None else load_problems(problems_dir)  # type: ignore[arg-type]
             tasks = tasks_from_problems(self.problems)
@@ -168,7 +195,8 @@ class RewardPool:
         self._jobs: Dict[str, _Job] = {}  # program key -> job queued or in flight
         # ref -> (jobs, slot, gen, deadline, batched call)
         self._in_flight: Dict[Any, Tuple[List[_Job], int, int, float, bool]] = {}
-        self.batch_size = max(1, section.batch_size) if batched(self.spec) else 1
+        self.batch_size = max(1, section.batch_size) if batched(self.spec) and not env else 1
+        self._requests: Dict[Hashable, Request] = {}  # token -> its Request, until delivered
         self._recent: "collections.OrderedDict[str, Result]" = collections.OrderedDict()  # dedup window
         self._ready: List[Tuple[Hashable, Result]] = []
         self._batch_ids = itertools.count()
@@ -229,27 +257,41 @@ class RewardPool:
         with self._lock:
             return len(self._jobs) + len(self._ready)
 
-    def submit(self, token: Hashable, problem_id: str, completion: str, dispatch: bool = True) -> None:
+    def submit(self, token: Hashable, problem_id: str, completion: str, dispatch: bool = True,
+               request: Optional[Request] = None) -> None:
         """Enqueue one completion; its Result comes out of :meth:`poll` as ``(token, Result)``.
+        `request`: the feedback it should come with, and, with an environment, which turn of
+        the episode it is (elastic/reward/request.py).
         With `dispatch` False it waits in the queue for :meth:`dispatch` or :meth:`poll` (a
         caller with several completions at hand enqueues them all first, so they can share
         batches)."""
         with self._lock:
             self._raise_if_broken()
             self.counts["submitted"] += 1
+            if request is not None:
+                self._requests[token] = request
             task = self.tasks.get(problem_id)
             if task is None:
                 self.counts["immediate"] += 1
                 self._deliver(token, Result(problem_id, "sandbox_error", self.settings.failure_reward,
                                             reason=f"unknown task id {problem_id!r}"))
                 return
-            ids = identities(task, completion, self.spec)
-            if all(i is None for i in ids):  # nothing to evaluate (no code block, no answer)
-                self.counts["immediate"] += 1
-                self._deliver(token, empty_result(task, self.spec, self.settings))
-                return
+            history: Optional[Tuple[str, ...]] = None
+            reset = False
+            if self.spec.env:  # the environment's answer depends on the whole episode so far
+                reset = request is not None and request.reset
+                history = () if reset or request is None else request.history
+                parts = ("env-reset",) if reset else ("env-step", str(len(history)),
+                                                      *(_digest(c) for c in history + (completion,)))
+                key = program_key(problem_id, *parts)
+            else:
+                ids = identities(task, completion, self.spec)
+                if all(i is None for i in ids):  # nothing to evaluate (no code block, no answer)
+                    self.counts["immediate"] += 1
+                    self._deliver(token, empty_result(task, self.spec, self.settings))
+                    return
+                key = program_key(problem_id, *ids)
             lang = task.problem.language if task.problem is not None else ""
-            key = program_key(problem_id, *ids)
             dedup = self.section.dedup_window > 0
             if dedup and key in self._recent:
                 self._recent.move_to_end(key)
@@ -264,7 +306,7 @@ class RewardPool:
                 self._progress_t = time.monotonic()  # an idle pool starts its no-progress clock now
             if not dedup:
                 key = f"{key}:{next(self._batch_ids)}"
-            job = _Job(key, problem_id, completion, lang, [token])
+            job = _Job(key, problem_id, completion, lang, [token], history=history, reset=reset)
             self._jobs[key] = job
             self._queue.append(job)
             if dispatch:
@@ -342,13 +384,13 @@ class RewardPool:
             self._dispatch()
             return self._take_ready()
 
-    def evaluate_batch(self, items: Sequence[Tuple[str, str]]) -> List[Result]:
-        """Results in the order of `items`; every item gets one, whatever fails (unless the
-        whole pool is gone: :class:`RewardUnavailable`)."""
+    def evaluate_batch(self, items: Sequence[Tuple]) -> List[Result]:
+        """Results in the order of `items`, ``(task id, completion[, Request])`` each; every item
+        gets one, whatever fails (unless the whole pool is gone: :class:`RewardUnavailable`)."""
         batch = next(self._batch_ids)
         results: List[Optional[Result]] = [None] * len(items)
-        for i, (pid, completion) in enumerate(items):
-            self.submit(("batch", batch, i), pid, completion, dispatch=False)
+        for i, (pid, completion, *request) in enumerate(items):
+            self.submit(("batch", batch, i), pid, completion, dispatch=False, request=request[0] if request else None)
         self.flush()  # the caller waits for all of them
         left = len(items)
         while left:
@@ -397,7 +439,9 @@ class RewardPool:
             # keep failing its neighbours. A batching pool spreads it over all its actors (a
             # busy one takes its share when it frees), but never in shares under MIN_SHARE: a
             # sandbox and interpreter start costs about as much as a few evaluations.
-            if batching:
+            if self.spec.env:  # an environment's turn is one call (its replay is the batch)
+                want = 1
+            elif batching:
                 want = min(self.batch_size, max(MIN_SHARE, -(-len(self._queue) // len(self.actors))))
             else:
                 want = -(-len(self._queue) // len(free))
@@ -405,7 +449,10 @@ class RewardPool:
             while len(jobs) < want and job.attempts == 0 and self._queue and self._queue[0].attempts == 0:
                 jobs.append(self._queue.popleft())
             n = len(jobs)
-            if n == 1:
+            if job.history is not None:  # rl.env (never batched)
+                ref = self.actors[slot].env_turn.remote(self._task_ref(job.problem_id), job.history,
+                                                        None if job.reset else job.completion)
+            elif n == 1:
                 ref = self.actors[slot].evaluate.remote(self._task_ref(job.problem_id), job.completion)
             else:
                 ref = self.actors[slot].evaluate_many.remote([j.completion for j in jobs],
@@ -460,6 +507,13 @@ class RewardPool:
         return c
 
     def _deliver(self, token: Hashable, r: Result) -> None:
+        request = self._requests.pop(token, None)
+        if self.spec.env:  # the environment's message, cut to the caller's budget (a first message is not cut)
+            if r.feedback is not None and request is not None and not request.reset:
+                r = dataclasses.replace(r, feedback=cut_bytes(r.feedback, request.feedback_bytes, MARKER))
+        elif request is not None and request.feedback:  # made per delivery: a cached result serves every mode
+            r = dataclasses.replace(r, feedback=feedback_text(r, self.feedback_kind, request.feedback,
+                                                              request.feedback_bytes, task=self.tasks.get(r.problem_id)))
         self.status_counts[r.status] += 1
         self._ready.append((token, r))
 

@@ -78,6 +78,11 @@ class Result:
     # A weighted sum of verifiers (reward.kind "a + 0.1*b"): each term's kind, weight, status,
     # reward and reason (elastic/reward/verifiers/registry.py); empty for a single verifier.
     components: List[Dict[str, Any]] = field(default_factory=list)
+    # Multi-turn RL (issue 44): the next user message, made by the pool where the task is at
+    # hand (elastic/reward/request.py): the verifier's feedback for the request's rl.feedback
+    # mode (elastic/reward/feedback.py), or a user environment's message (rl.env; for a reset,
+    # the first user message). None: no message (passed, done, or not asked for).
+    feedback: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:

@@ -9,12 +9,16 @@ are evaluated once (the pool's dedup window)::
     # any train worker (or pass `client` itself: it pickles)
     client = connect(f"reward-{run_name}")
     client.submit([(key, problem_id, completion), ...])   # idempotent per key; wait=False: no round trip
+    client.submit([(key, problem_id, completion, Request(feedback="details"))])  # + Result.feedback
     got = client.results(keys, timeout_s=60)               # {key: Result}; partial on timeout
     client.forget(keys)                                    # free what the trainer consumed
     client.stats()
 
 Keys are the caller's (e.g. ``"step:prompt:sample"``). Submitting a key that is done or in
-flight does nothing, so a restarted train worker may resubmit its step's completions.
+flight does nothing, so a restarted train worker may resubmit its step's completions. An item's
+optional fourth element is a :class:`~elastic.reward.request.Request`: the multi-turn feedback
+to make where the task is at hand, and with ``rl.env`` (``start_service(..., env=...)``) which
+turn of an episode the completion answers (elastic/reward/request.py).
 
 The service actor takes no CPU (``num_cpus=0``): it is a dispatcher. Its threads serve
 submit/results/stats/forget concurrently (``max_concurrency``); one more thread feeds the
@@ -58,7 +62,7 @@ SERVICE_THREADS = 128  # concurrent calls served; each waiting results() call ho
 LOOP_POLL_S = 0.05  # the dispatcher thread's longest wait before it looks at new submissions
 CALL_MARGIN_S = 30.0  # a call's answer may take this much longer than its own timeout
 START_TIMEOUT_S = 120.0
-Item = Tuple[str, str, str]  # (key, task id, completion)
+Item = Tuple  # (key, task id, completion) or (key, task id, completion, Request)
 
 
 class RewardServiceError(RuntimeError):
@@ -69,9 +73,9 @@ class RewardServiceError(RuntimeError):
 class RewardService:
     """The named actor behind :class:`RewardClient` (call it through the client)."""
 
-    def __init__(self, section, tasks: Dict[str, Task]) -> None:
+    def __init__(self, section, tasks: Dict[str, Task], env: str = "") -> None:
         logging.basicConfig(level=logging.WARNING)
-        self.pool = RewardPool(section, None, tasks=tasks)
+        self.pool = RewardPool(section, None, tasks=tasks, env=env)
         self._cond = threading.Condition()
         self._results: Dict[str, Result] = {}
         self._pending: Set[str] = set()
@@ -90,11 +94,11 @@ class RewardService:
         with self._cond:
             self._raise_if_failed()
             try:
-                for key, problem_id, completion in items:
+                for key, problem_id, completion, *request in items:
                     if key in self._results or key in self._pending:
                         continue
                     self._pending.add(key)
-                    self.pool.submit(key, problem_id, completion, dispatch=False)
+                    self.pool.submit(key, problem_id, completion, dispatch=False, request=request[0] if request else None)
                     new += 1
                 self.pool.dispatch()  # all at once: they can share batches (reward.batch_size)
             except RewardUnavailable as e:
@@ -227,13 +231,13 @@ class RewardClient:
             self._get(ref, "submit", CALL_MARGIN_S)
 
     def submit(self, items: Sequence[Item], wait: bool = True) -> Optional[int]:
-        """Queue ``(key, problem_id, completion)`` items; returns how many keys were new.
+        """Queue ``(key, problem_id, completion[, Request])`` items; returns how many keys were new.
 
         ``wait=False`` sends them and returns None at once: a trainer streaming completions
         during generation does not stop for a round trip per completion (2-5 ms each on 2
         busy cores). The next ``results``, ``forget`` or ``stats`` call first waits for the
         service to have taken them, and raises what their submit raised."""
-        batch = [(str(k), p, c) for k, p, c in items]
+        batch = [(str(k), *rest) for k, *rest in items]
         if wait:
             self._settle()
             return self._call("submit", batch)
@@ -275,8 +279,10 @@ def _first_line(e: BaseException) -> str:
 
 
 def start_service(section, problems_dir: "str | Path | None", name: str, namespace: Optional[str] = None,
-                  problems: Optional[Dict[str, Problem]] = None, tasks: Optional[Dict[str, Task]] = None) -> RewardClient:
+                  problems: Optional[Dict[str, Problem]] = None, tasks: Optional[Dict[str, Task]] = None,
+                  env: str = "") -> RewardClient:
     """Create the named service (on the driver, once per run) and wait until it answers.
+    `env`: ``rl.env``, a user's environment class that scores instead of reward.kind.
 
     Tasks (or code-optimisation problems, loaded here from `problems_dir` when neither is given)
     are checked on the driver, so a malformed problem raises ``ProblemError`` (one line naming
@@ -285,7 +291,7 @@ def start_service(section, problems_dir: "str | Path | None", name: str, namespa
     if tasks is None:
         tasks = tasks_from_problems(problems if problems is not None else load_problems(problems_dir))
     try:
-        actor = RewardService.options(name=name, namespace=namespace).remote(section, tasks)
+        actor = RewardService.options(name=name, namespace=namespace).remote(section, tasks, env)
     except ValueError as e:  # the name is taken
         raise RewardServiceError(f"cannot start reward service {name!r}: {_first_line(e)}") from None
     client = RewardClient(name, actor)

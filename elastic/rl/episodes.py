@@ -1,4 +1,4 @@
-"""Multi-turn episodes (rl.turns > 1, issue 44) as both RL placements play them: one place for
+"""Multi-turn episodes (rl.turns > 1 or rl.env, issue 44) as both RL placements play them: one place for
 "score every answered turn, build the next user message", so the colocated trainers
 (elastic/rl/grpo.py) and the disaggregated fleet's rollout actors (elastic/rl/rollout/worker.py)
 produce the same episodes from the same seeds.
@@ -7,12 +7,19 @@ A batch of rows (each {key, problem, seed}) is played by the generation engine's
 (elastic/generation/episodes.py `play_episodes`; on the trainers through
 `fsdp_generate_turns`) with a :class:`TurnScorer` as its `respond` callback:
 
+- with ``rl.env`` (a user environment, elastic/reward/verifiers/user_env.py) each episode first
+  asks the pool for its first user message (:func:`first_messages`, key ``f"{key}:reset"``),
+  which becomes the row's prompt;
 - after every round, each answered turn t (0-based) of row i goes to the run's reward service
-  under ``f"{key}:t{t}"``, and the caller waits for those verdicts;
-- a pass, a ``sandbox_error`` (the infrastructure's, not a verdict) or the last turn ends the
-  episode; otherwise the verifier's feedback (elastic/reward/feedback.py, ``rl.feedback``), its
-  tokens capped at ``rl.feedback_max_tokens`` (the template's come on top), becomes the next user
-  message (elastic/data/chat.py ``feedback_turn_ids``);
+  under ``f"{key}:t{t}"`` with a :class:`~elastic.reward.request.Request` (:func:`turn_request`):
+  the ``rl.feedback`` mode, or with ``rl.env`` the episode's earlier answers (the actor replays
+  them); the caller waits for those verdicts;
+- the next user message is the pool's ``Result.feedback``, made in the pool where the task is at
+  hand (elastic/reward/feedback.py: code_opt's failing test input and expected output), or the
+  environment's; here only its tokens are capped at ``rl.feedback_max_tokens`` (the template's
+  come on top) and put in the chat template (elastic/data/chat.py ``feedback_turn_ids``). No
+  message (a pass, an environment's done, a ``sandbox_error``: the infrastructure's, not a
+  verdict) or the last turn ends the episode;
 - turn t samples with ``turn_seed(seed, t)``, so a resumed run, or a unit a rollout actor
   generates again after its predecessor died, reproduces the episode (the service returns the
   cached verdict of a key it already has).
@@ -24,22 +31,27 @@ one record per answered turn (verdict, answer, feedback) and how the episode end
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from elastic.data.chat import ChatFormat, feedback_turn_ids
 from elastic.generation.episodes import Episode, turn_seed
-from elastic.reward.feedback import MARKER, feedback_text
+from elastic.reward.feedback import MARKER
+from elastic.reward.request import Request
+from elastic.reward.result import Result
 from elastic.rl.algorithms.turns import cap_tokens
 
 RESULT_POLL_S = 30.0  # one results() call's wait; the loop waits as long as the pool takes
 
 
-def feedback_kind(reward_kind: str) -> str:
-    """The verifier whose feedback the policy sees: reward.kind's first term that is not the
-    reward model's ("" when there is none)."""
-    from elastic.reward.verifiers.registry import parse_kind
+def turn_request(rl: Any, history: Sequence[str]) -> Request:
+    """What a turn's submission asks of the pool besides its verdict: the feedback of mode
+    rl.feedback, or with rl.env the episode's earlier answers (`history`, oldest first)."""
+    return Request(history=tuple(history)) if rl.env else Request(feedback=rl.feedback)
 
-    return next((n for n, _ in parse_kind(reward_kind) if n != "model"), "")
+
+def reset_key(key: str) -> str:
+    """The reward-service key of an episode's first message (rl.env), forgotten with its turns'."""
+    return f"{key}:reset"
 
 
 def episode_sampling(rl: Any, prompt_lens: Sequence[int], max_seq_len: int, eos_id: int,
@@ -69,18 +81,51 @@ def wait_results(reward: Any, keys: Sequence[str]) -> Dict[str, Any]:
     return got
 
 
-class Feedback:
-    """The next user message after a turn that did not pass (see the module docstring)."""
+def first_messages(reward: Any, rows: Sequence[Dict[str, Any]], text_tokens: Callable[[str], List[int]],
+                   room: int, failure_reward: float) -> Tuple[List[Optional[str]], List[List[int]], Dict[int, Any]]:
+    """rl.env: every episode's first user message from the environment's reset(task), one pool
+    call per row {key, problem, prompt} under reset_key(key) before generation (identical resets
+    are evaluated once), as the policy's input (`text_tokens`: rl.prompt_format and the chat
+    template). Returns (the messages, the prompts, {row: Result} of the episodes that cannot
+    start: reset raised, hung or returned no text, or its message of more than `room` tokens
+    leaves no room to answer). Those keep the row's own prompt and None; their Result (a
+    sandbox_error: no verdict on the policy, which has not acted yet) stands for every turn, so
+    the episode ends after its first answer and is dropped like any sandbox_error."""
+    keys = [reset_key(r["key"]) for r in rows]
+    if keys:
+        reward.submit([(k, r["problem"], "", Request(reset=True)) for k, r in zip(keys, rows)], wait=False)
+    got = wait_results(reward, keys)
+    texts: List[Optional[str]] = []
+    prompts: List[List[int]] = []
+    failed: Dict[int, Any] = {}
+    for i, (k, r) in enumerate(zip(keys, rows)):
+        res = got[k]
+        ids = text_tokens(res.feedback) if res.status == "ok" and res.feedback else None
+        if ids is not None and len(ids) <= room:
+            texts.append(res.feedback)
+            prompts.append(list(ids))
+            continue
+        why = (f"rl.env reset: {res.status}: {res.reason}" if ids is None else
+               f"rl.env reset: the first message of {len(ids)} tokens leaves no room to answer ({room} tokens at most)")
+        failed[i] = Result(r["problem"], "sandbox_error", failure_reward, reason=why[:300])
+        texts.append(None)
+        prompts.append(list(r["prompt"]))
+    return texts, prompts, failed
 
-    def __init__(self, rl: Any, kind: str, tok: Any, chat: ChatFormat, eos_id: int) -> None:
-        self.rl, self.kind, self.tok, self.chat, self.eos_id = rl, kind, tok, chat, int(eos_id)
+
+class Feedback:
+    """The next user message after a turn: the pool's ``Result.feedback`` (see the module
+    docstring), its tokens capped here, where the tokenizer is."""
+
+    def __init__(self, rl: Any, tok: Any, chat: ChatFormat, eos_id: int) -> None:
+        self.rl, self.tok, self.chat, self.eos_id = rl, tok, chat, int(eos_id)
         self.marker = [e.ids for e in tok.encode_batch([MARKER])][0]
 
     def __call__(self, result: Any, turn_closed: bool) -> Tuple[Optional[str], Optional[List[int]]]:
-        """(the feedback text as shown, its token ids with the template around it), or
-        (None, None) when the episode ends here (a pass or a sandbox_error). `turn_closed`: the
-        answer ended with the stop token (else the template closes it first)."""
-        fb = feedback_text(result, self.kind, self.rl.feedback)
+        """(the message as shown, its token ids with the template around it), or (None, None)
+        when the episode ends here (no message: a pass, done, a sandbox_error). `turn_closed`:
+        the answer ended with the stop token (else the template closes it first)."""
+        fb = result.feedback
         if fb is None:
             return None, None
         ids = [e.ids for e in self.tok.encode_batch([fb])][0]
@@ -93,28 +138,34 @@ class TurnScorer:
     """`respond(answered, last)` of play_episodes for rows [{key, problem, seed}, ...]: scores
     each answered turn through `reward` (a RewardClient) and returns the next messages' ids.
     `turns[i]` collects row i's turn records: turn (1-based), key, tokens, finish, text, seed,
-    status, reward, speedup, reason, and the feedback it got."""
+    status, reward, speedup, reason, and the feedback it got. `failed`: rows whose environment
+    did not start (first_messages), answered with that Result without asking the pool."""
 
-    def __init__(self, rl: Any, kind: str, reward: Any, tok: Any, chat: ChatFormat, eos_id: int,
-                 rows: Sequence[Dict[str, Any]]) -> None:
-        self.reward, self.tok, self.rows = reward, tok, list(rows)
-        self.feedback = Feedback(rl, kind, tok, chat, eos_id)
+    def __init__(self, rl: Any, reward: Any, tok: Any, chat: ChatFormat, eos_id: int,
+                 rows: Sequence[Dict[str, Any]], failed: Optional[Dict[int, Any]] = None) -> None:
+        self.rl, self.reward, self.tok, self.rows = rl, reward, tok, list(rows)
+        self.failed = dict(failed or {})
+        self.feedback = Feedback(rl, tok, chat, eos_id)
         self.turns: List[List[Dict[str, Any]]] = [[] for _ in self.rows]
 
     def __call__(self, answered, last: bool) -> Dict[int, Optional[List[int]]]:
-        items = []
+        items, keys = [], []
         for i, t, c in answered:
             r = self.rows[i]
             text = self.tok.decode(list(c.tokens), skip_special_tokens=True)
             key = f"{r['key']}:t{t}"
+            before = [x["text"] for x in self.turns[i]]
             self.turns[i].append({"turn": t + 1, "key": key, "tokens": len(c.tokens), "finish": c.finish_reason,
                                   "text": text, "seed": turn_seed(r["seed"], t)})
-            items.append((key, r["problem"], text))
-        self.reward.submit(items, wait=False)
-        got = wait_results(self.reward, [k for k, _, _ in items])
+            keys.append(key)
+            if i not in self.failed:
+                items.append((key, r["problem"], text, turn_request(self.rl, before)))
+        if items:
+            self.reward.submit(items, wait=False)
+        got = wait_results(self.reward, [k for k, *_ in items])
         out: Dict[int, Optional[List[int]]] = {}
-        for (i, t, c), (key, _, _) in zip(answered, items):
-            res = got[key]
+        for (i, t, c), key in zip(answered, keys):
+            res = self.failed[i] if i in self.failed else got[key]
             rec = self.turns[i][-1]
             rec.update(status=res.status, reward=float(res.reward), speedup=res.speedup, reason=(res.reason or "")[:300])
             text, ids = (None, None) if last else self.feedback(res, c.finish_reason == "stop")

@@ -85,6 +85,7 @@ class Rollout:
     spans: Optional[List[Tuple[int, int]]] = None
     turns: Optional[List[Dict[str, Any]]] = None
     episode_end: Optional[str] = None  # "done" (passed) | "turns" (rl.turns reached) | "length" (no room left)
+    first_message: Optional[str] = None  # rl.env: the environment's first user message (the prompt's text)
 
     @property
     def policy_len(self) -> int:
@@ -239,7 +240,8 @@ class GRPOJob(Job):
         from elastic.reward.verifiers.registry import parse_kind
 
         self.rm = ctx.config.get("rm_service")
-        self.rm_weight = dict(parse_kind(cfg.reward.kind)).get("model", 0.0)
+        # With rl.env the environment scores every turn: reward.kind, its model term too, scores nothing.
+        self.rm_weight = 0.0 if rl.env else dict(parse_kind(cfg.reward.kind)).get("model", 0.0)
         self.run_name = cfg.run.name
         self.N = rl.prompts_per_step * rl.group_size
         # Every rank's completions per minibatch (all ranks plan the same micro-batch counts).
@@ -310,8 +312,12 @@ class GRPOJob(Job):
 
     def _forget(self, rows: List[Rollout]) -> None:
         """Drop the step's results from the reward service: a completion's key, each of an
-        episode's turn keys (f"{key}:t{turn}"; an episode was scored turn by turn)."""
-        self.reward.forget([r.key for r in rows if r.turns is None] + [t["key"] for r in rows if r.turns for t in r.turns])
+        episode's turn keys (f"{key}:t{turn}"; an episode was scored turn by turn) and with rl.env
+        its first message's (elastic/rl/episodes.py reset_key)."""
+        from elastic.rl.episodes import reset_key
+
+        self.reward.forget([r.key for r in rows if r.turns is None] + [t["key"] for r in rows if r.turns for t in r.turns]
+                           + ([reset_key(r.key) for r in rows] if self.rl.env else []))
 
     def consumed_sample_ids(self) -> List[int]:
         ids, self._step_ids = self._step_ids, []
@@ -332,8 +338,8 @@ class GRPOJob(Job):
             return self._take(step, rows)
         seeds = [p["seed"] for p in plan]
         t0, c0 = time.perf_counter(), time.process_time()
-        if rl.turns > 1:
-            self._generate_episodes(rows, seeds, [len(self.prompt_tokens(p)) for _, p in prompts])
+        if rl.turns > 1 or rl.env:
+            self._generate_episodes(rows, seeds, step)
             self._gen_t0 = t0
             self._metrics["generate_s"] = time.perf_counter() - t0  # with the reward waits between turns
             self._metrics["_gen_tokens"] = sum(r.policy_len for r in rows)
@@ -372,25 +378,54 @@ class GRPOJob(Job):
             self._metrics["spec_tokens_per_forward"] = st.tokens_per_round
         return rows
 
-    def _generate_episodes(self, rows: List[Rollout], seeds: List[int], prompt_lens: List[int]) -> None:
-        """rl.turns > 1: each row is an episode, played under gathered parameters
+    def _generate_episodes(self, rows: List[Rollout], seeds: List[int], step: int) -> None:
+        """rl.turns > 1 or rl.env: each row is an episode, played under gathered parameters
         (elastic/train/fsdp_generate.py fsdp_generate_turns) with the scorer both placements use
-        (elastic/rl/episodes.py: every answered turn scored under f"{key}:t{turn}", this rank waits,
-        the verifier's feedback as the next user message, turn t sampled with turn_seed(seed, t),
-        so a resumed run reproduces the same episodes). `prompt_lens`: every prompt of the step
-        (all ranks'), which sizes the episodes' room (`episode_budget`) the same at any world size."""
-        from elastic.rl.episodes import TurnScorer, episode_rows, episode_sampling, feedback_kind
+        (elastic/rl/episodes.py: with rl.env the environment's first message as the prompt; every
+        answered turn scored under f"{key}:t{turn}", this rank waits, the pool's feedback (or the
+        environment's message) as the next user message, turn t sampled with turn_seed(seed, t),
+        so a resumed run reproduces the same episodes). The episodes' room (`episode_budget`)
+        comes from every prompt of the step, all ranks' (`_room_lens`), so it is the same at any
+        world size."""
+        from elastic.rl.episodes import episode_rows, episode_sampling
         from elastic.train.fsdp_generate import fsdp_generate_turns
 
         rl = self.rl
-        scorer = TurnScorer(rl, feedback_kind(self.ctx.cfg.reward.kind), self.reward, self.tok, self.chat, self.eos_id,
-                            [{"key": r.key, "problem": r.problem, "seed": s} for r, s in zip(rows, seeds)])
-        prompts = [r.prompt for r in rows]
+        scorer, prompts, firsts = self._episode_scorer(
+            [{"key": r.key, "problem": r.problem, "seed": s, "prompt": r.prompt} for r, s in zip(rows, seeds)])
+        every = self._room_lens([{k: p[k] for k in ("key", "problem", "seed", "prompt")}
+                                 for p in self.planner.rows(step, range(self.N))])
         eps = fsdp_generate_turns(self.ctx.model, prompts, rl.max_new_tokens, rl.turns, scorer,
-                                  **episode_sampling(rl, prompt_lens, self.ctx.model.args.max_seq_len, self.eos_id),
+                                  **episode_sampling(rl, every, self.ctx.model.args.max_seq_len, self.eos_id),
                                   seed=seeds)
-        for r, got in zip(rows, episode_rows(eps, scorer.turns)):
+        for r, got, p, first in zip(rows, episode_rows(eps, scorer.turns), prompts, firsts):
             _set_episode(r, got)
+            r.prompt, r.first_message = p, first
+
+    def _episode_scorer(self, heads: List[Dict[str, Any]]) -> Tuple[Any, List[List[int]], List[Optional[str]]]:
+        """(the TurnScorer of episodes heads [{key, problem, seed, prompt}], their prompts, their
+        first messages): with rl.env the environment's first messages (elastic/rl/episodes.py
+        first_messages; an episode that cannot start keeps its prompt, None, and is answered
+        sandbox_error), else the heads' own prompts and None."""
+        from elastic.rl.episodes import TurnScorer, first_messages
+
+        rl = self.rl
+        prompts, firsts, failed = [h["prompt"] for h in heads], [None] * len(heads), {}
+        if rl.env:
+            firsts, prompts, failed = first_messages(self.reward, heads, self.planner.text_tokens,
+                                                     self.ctx.model.args.max_seq_len - rl.max_new_tokens,
+                                                     self.ctx.cfg.reward.failure_reward)
+        return TurnScorer(rl, self.reward, self.tok, self.chat, self.eos_id, heads, failed), prompts, firsts
+
+    def _room_lens(self, heads: List[Dict[str, Any]]) -> List[int]:
+        """The lengths of the prompts every rank plays for `heads` (all of a step's rows, or every
+        held-out task): the task prompts, or with rl.env the environments' first messages (each
+        rank asks for every head's reset; the service evaluates a key once, and each rank forgets
+        its own). Sizing the episodes' room from these makes it independent of the world size."""
+        if not self.rl.env:
+            return [len(h["prompt"]) for h in heads]
+        _, prompts, _ = self._episode_scorer(heads)
+        return [len(p) for p in prompts]
 
     def _episode_result(self, r: Rollout) -> Any:
         """An episode's verdict: the last turn's status and speed-up, the episode reward of its
@@ -409,7 +444,8 @@ class GRPOJob(Job):
         first = _first_pass(r)
         return {"turns_used": len(r.turns), "episode_end": r.episode_end, "fixed_by_feedback": first is not None and first > 1,
                 "first_pass_turn": first, "policy_spans": [list(x) for x in r.spans],
-                "turns": [{k: v for k, v in t.items() if k != "key"} for t in r.turns]}
+                "turns": [{k: v for k, v in t.items() if k != "key"} for t in r.turns],
+                **({"first_message": r.first_message} if self.rl.env else {})}
 
     def _draft_kwargs(self) -> Dict[str, Any]:
         """generate()'s speculative-decoding arguments from the `generation` section ({} when off);
@@ -668,7 +704,7 @@ class GRPOJob(Job):
 
         rl, ctx = self.rl, self.ctx
         n = rl.eval_samples
-        if rl.turns > 1 and n == 1:
+        if (rl.turns > 1 or rl.env) and n == 1:  # rl.env: n is 1 (config)
             return self._heldout_eval_turns(step)
         items = [(t, j) for t in self.heldout for j in range(n)]
         mine = items[ctx.rank::ctx.world_size]
@@ -716,45 +752,38 @@ class GRPOJob(Job):
         return out
 
     def _heldout_eval_turns(self, step: int) -> Dict[str, Any]:
-        """rl.turns > 1 with rl.eval_samples 1: one greedy episode per held-out task, feedback as
-        in training; `heldout_pass_at_turn_t` is the share of tasks passed by turn t (the pass@t
-        curve; `heldout_pass_at_1` is turn 1's, the single-turn greedy pass@1). Every turn's
-        verdict goes to eval_verdicts.jsonl (with its `turn`)."""
-        from elastic.rl.episodes import Feedback, episode_sampling, feedback_kind, wait_results
+        """rl.turns > 1 (or rl.env) with rl.eval_samples 1: one greedy episode per held-out task,
+        first message and feedback as in training (the same scorer); `heldout_pass_at_turn_t` is
+        the share of tasks passed by turn t (the pass@t curve; `heldout_pass_at_1` is turn 1's,
+        the single-turn greedy pass@1). Every turn's verdict goes to eval_verdicts.jsonl (with its `turn`)."""
+        from elastic.rl.episodes import episode_sampling, reset_key
         from elastic.train.fsdp_generate import fsdp_generate_turns
 
         rl, ctx = self.rl, self.ctx
-        feedback = Feedback(rl, feedback_kind(ctx.cfg.reward.kind), self.tok, self.chat, self.eos_id)
         mine = self.heldout[ctx.rank::ctx.world_size]
-        verdicts: Dict[int, List[Tuple[int, str, Optional[float]]]] = {i: [] for i in range(len(mine))}
-        keys: List[str] = []
         path = os.path.join(ctx.local_dir, EVAL_VERDICTS)
+        heads = [{"key": f"{self.run_name}:eval{step}:{t}:0", "problem": t, "seed": 0, "prompt": self.prompt_tokens(t)}
+                 for t in mine]
+        scorer, prompts, _ = self._episode_scorer(heads)
+        keys: List[str] = [reset_key(h["key"]) for h in heads] if rl.env else []
+        every = self._room_lens([{"key": f"{self.run_name}:eval{step}:{t}:0", "problem": t, "seed": 0,
+                                  "prompt": self.prompt_tokens(t)} for t in self.heldout])  # every rank's tasks
 
         def respond(answered, last: bool) -> Dict[int, Optional[List[int]]]:
-            items = []
-            for i, t, c in answered:
-                key = f"{self.run_name}:eval{step}:{mine[i]}:0:t{t}"
-                items.append((key, mine[i], decode_text(self.tok, list(c.tokens))))
-            keys.extend(k for k, _, _ in items)
-            self.reward.submit(items, wait=False)  # tensor-parallel peers: the service keeps one per key
-            got = wait_results(self.reward, [k for k, _, _ in items])
-            out: Dict[int, Optional[List[int]]] = {}
-            for (i, t, c), (key, task, text) in zip(answered, items):
-                res = got[key]
-                verdicts[i].append((t + 1, res.status, res.speedup))
+            out = scorer(answered, last)  # tensor-parallel peers submit the same keys: the service keeps one
+            for i, _, _ in answered:
+                rec = scorer.turns[i][-1]
+                keys.append(rec["key"])
                 if ctx.tp_rank == 0:
-                    append_record(path, {"step": step, "task": task, "sample": 0, "turn": t + 1, "status": res.status,
-                                         "reward": res.reward, "speedup": res.speedup, "reason": (res.reason or "")[:300],
-                                         "completion": text[:4000]})
-                out[i] = None if last else feedback(res, c.finish_reason == "stop")[1]
+                    append_record(path, {"step": step, "task": mine[i], "sample": 0, "turn": rec["turn"],
+                                         "status": rec["status"], "reward": rec["reward"], "speedup": rec["speedup"],
+                                         "reason": rec["reason"], "completion": rec["text"][:4000]})
             return out
 
-        prompts = [self.prompt_tokens(t) for t in mine]
-        every = [len(self.prompt_tokens(t)) for t in self.heldout]  # every rank's tasks: the same room at any world size
         eps = fsdp_generate_turns(ctx.model, prompts, rl.max_new_tokens, rl.turns, respond,
                                   **episode_sampling(rl, every, ctx.model.args.max_seq_len, self.eos_id, greedy=True))
         self.count_forward(sum(len(e.tokens) for e in eps))
-        res = [(mine[i], v) for i, v in verdicts.items()]
+        res = [(t, [(x["turn"], x["status"], x["speedup"]) for x in recs]) for t, recs in zip(mine, scorer.turns)]
         alls = [x for p in ctx.comm.all_gather_object(res) for x in p]
         if ctx.tp_rank == 0:
             self.reward.forget(keys)

@@ -20,8 +20,8 @@ policy objective and its aggregation modes. What PPO adds, one global step s:
    (elastic/rl/algorithms/value_loss.py). The critic has its own AdamW (`rl.critic_lr`), stepped after the
    policy's, its gradients clipped at `train.grad_clip`.
 
-Multi-turn episodes (`rl.turns > 1`, colocated; issue 44): GRPO's episode generation as it is
-(`GRPOJob._generate` -> `_generate_episodes`: the row's `tokens` are answers and feedback,
+Multi-turn episodes (`rl.turns > 1` or `rl.env`, colocated; issue 44): GRPO's episode generation
+as it is (`GRPOJob._generate` -> `_generate_episodes`: the row's `tokens` are answers and feedback,
 `spans` the policy's answers, the reward `episode_reward` of the turns'). What PPO does with such
 a row (:func:`rank_gae`, :func:`ppo_loss`): the critic's values over the whole sequence; the
 response mask is the policy's spans (feedback tokens are observations inside the response, verl's

@@ -59,6 +59,9 @@ class RewardSpec:
     function_timeout_s: float = 10.0
     pass_threshold: float = 1.0
     ignore_case: bool = False
+    # rl.env: a user's environment "module:Class" (elastic/reward/verifiers/user_env.py) scores
+    # every turn instead of the verifiers (reward.kind then scores nothing).
+    env: str = ""
 
     @property
     def kinds(self) -> Tuple[str, ...]:
@@ -108,12 +111,17 @@ def parse_kind(text: str) -> Tuple[Tuple[str, float], ...]:
     return tuple(terms)
 
 
-def spec_from_section(section) -> RewardSpec:
-    """The :class:`RewardSpec` of a ``reward`` config section; ValueError (one line) when the
-    kind does not parse or an option a verifier needs is missing or broken."""
+def spec_from_section(section, env: str = "") -> RewardSpec:
+    """The :class:`RewardSpec` of a ``reward`` config section (and ``rl.env``); ValueError (one
+    line) when the kind does not parse or an option a verifier needs is missing or broken."""
     spec = RewardSpec(parse_kind(section.kind), pattern=section.pattern, function=section.function,
                       function_timeout_s=section.function_timeout_s, pass_threshold=section.pass_threshold,
-                      ignore_case=section.ignore_case)
+                      ignore_case=section.ignore_case, env=env)
+    if env:
+        from elastic.reward.verifiers.user_env import check_spec
+
+        check_spec(env)
+        return spec  # the environment scores: reward.kind's options are not used
     if "code_opt" in spec.kinds and len(spec.terms) > 1:
         raise ValueError("reward.kind: code_opt scores its own problems (rl.problems) and does not combine with "
                          "other verifiers")
@@ -135,6 +143,8 @@ class Env:
         self.settings, self.spec = settings, spec
         self._sandbox = None
         self._runner = None
+        self._env_runner = None
+        self._env_broken = ""
 
     @property
     def sandbox(self):
@@ -152,6 +162,35 @@ class Env:
             self._runner = FunctionRunner(self.spec.function, self.spec.function_timeout_s,
                                           self.settings.failure_reward, self.spec.pass_threshold)
         return self._runner
+
+    def start_env(self) -> None:
+        """rl.env: start the environment's child (the class imported once) unless it runs. A
+        reward actor calls it at construction, so the first turn it scores does not pay the
+        child's start within its item deadline. A start that failed (the class does not import,
+        or not within 60 s on a loaded node) is tried again at the next call, never cached."""
+        from elastic.reward.verifiers.user_env import EnvRunner
+
+        if self._env_runner is None:
+            try:
+                self._env_runner = EnvRunner(self.spec.env, self.spec.function_timeout_s)
+                self._env_broken = ""
+            except ValueError as e:
+                self._env_broken = str(e)
+
+    def env_turn(self, task: Task, history: Tuple[str, ...], completion: Optional[str]) -> Result:
+        """rl.env: a reset (``completion`` None) or a turn of ``task``'s episode, as a Result
+        (elastic/reward/verifiers/user_env.py). A child that cannot start (the class does not
+        import here) makes the call a sandbox_error (infrastructure, dropped by the trainer)."""
+        from elastic.reward.verifiers.user_env import env_turn
+
+        self.start_env()
+        return env_turn(self._env_runner, task.id, task_payload(task), history, completion,
+                        self.settings.failure_reward, self.spec.pass_threshold, self._env_broken)
+
+
+def task_payload(task: Task) -> Dict[str, Any]:
+    """What a user's function or environment gets of a task (plain data)."""
+    return {"id": task.id, "prompt": task.prompt, "answer": task.answer, "fields": task.fields}
 
 
 class Verifier:
@@ -294,9 +333,8 @@ class Function(Verifier):
         return completion
 
     def evaluate(self, task, completion, env):
-        payload = {"id": task.id, "prompt": task.prompt, "answer": task.answer, "fields": task.fields}
         try:
-            status, reward, reason = env.runner.call(completion, payload)
+            status, reward, reason = env.runner.call(completion, task_payload(task))
         except ValueError as e:  # the function cannot even be imported on this actor
             return Result(task.id, "sandbox_error", env.settings.failure_reward, reason=str(e))
         return Result(task.id, status, reward, reason=reason)

@@ -66,21 +66,17 @@ def interpret(value: Any, failure_reward: float, pass_threshold: float) -> Outco
     return ("ok" if ok else "wrong_answer"), r, reason
 
 
-def _child(conn, spec: str, path: list) -> None:
-    sys.path[:0] = [p for p in path if p not in sys.path]
-    try:
-        fn = resolve(spec)
-    except ValueError as e:
-        conn.send(("fatal", str(e)))
-        return
+def _serve(conn, target: Callable, call: Callable) -> None:
+    """The child's loop: receive a message, answer ("value", call(target, *message)) or
+    ("raised", one line naming the exception and where)."""
     conn.send(("ready", ""))
     while True:
         try:
-            completion, task = conn.recv()
+            message = conn.recv()
         except EOFError:
             return
         try:
-            conn.send(("value", fn(completion, task)))
+            conn.send(("value", call(target, *message)))
         except BaseException as e:  # noqa: BLE001 - the user's exception is the verdict
             tb = traceback.extract_tb(e.__traceback__)
             at = f" at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else ""
@@ -90,13 +86,25 @@ def _child(conn, spec: str, path: list) -> None:
                 conn.send(("raised", f"{type(e).__name__}{at}"))
 
 
-class FunctionRunner:
-    """One child process calling the user's function; ``call`` never raises for the function's
-    sake (its failures are outcomes); a broken spec raises ValueError at construction."""
+def _child(conn, spec: str, path: list) -> None:
+    sys.path[:0] = [p for p in path if p not in sys.path]
+    try:
+        fn = resolve(spec)
+    except ValueError as e:
+        conn.send(("fatal", str(e)))
+        return
+    _serve(conn, fn, lambda f, completion, task: f(completion, task))
 
-    def __init__(self, spec: str, timeout_s: float, failure_reward: float = 0.0, pass_threshold: float = 1.0) -> None:
-        self.spec, self.timeout_s = spec, timeout_s
-        self.failure_reward, self.pass_threshold = failure_reward, pass_threshold
+
+class ChildRunner:
+    """One child process running the user's code (started by `child(conn, spec, sys.path)`);
+    :meth:`ask` never raises for the user's sake (a raise, a hang or a crash is an answer); a
+    broken spec raises ValueError at construction. `what` names the config key in messages."""
+
+    what = "reward.function"
+
+    def __init__(self, spec: str, timeout_s: float, child: Callable = _child) -> None:
+        self.spec, self.timeout_s, self._target = spec, timeout_s, child
         self._proc: Optional[mp.process.BaseProcess] = None
         self._conn = None
         self._start()
@@ -104,46 +112,46 @@ class FunctionRunner:
     def _start(self) -> None:
         ctx = mp.get_context("spawn")  # no copy of the actor's threads or Ray state
         parent, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_child, args=(child, self.spec, list(sys.path)), daemon=True)
+        self._proc = ctx.Process(target=self._target, args=(child, self.spec, list(sys.path)), daemon=True)
         self._proc.start()
         child.close()
         self._conn = parent
         if not parent.poll(60.0):
             self.close()
-            raise ValueError(f"reward.function: {self.spec} did not import within 60 s")
+            raise ValueError(f"{self.what}: {self.spec} did not import within 60 s")
         kind, msg = parent.recv()
         if kind == "fatal":
             self.close()
             raise ValueError(msg)
 
-    def call(self, completion: str, task: Dict[str, Any]) -> Outcome:
+    def ask(self, message: tuple, timeout_s: Optional[float] = None) -> Tuple[str, Any]:
+        """Send one message; ("value", what the child's call returned) | ("raised", reason) |
+        ("timeout", reason) (the child is killed) | ("crashed", reason) (restarted next time)."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         if self._proc is None or not self._proc.is_alive():
             self._start()
         try:
-            self._conn.send((completion, task))
+            self._conn.send(message)
         except (BrokenPipeError, OSError):
             self.close()
             self._start()
-            self._conn.send((completion, task))
+            self._conn.send(message)
         try:
-            ready = self._conn.poll(self.timeout_s)
+            ready = self._conn.poll(timeout_s)
         except (EOFError, OSError):
             ready = True
         if not ready:
             self.close()
-            return "timeout", self.failure_reward, f"{self.spec} did not return within {self.timeout_s:g} s"
+            return "timeout", f"{self.spec} did not return within {timeout_s:g} s"
         try:
-            kind, value = self._conn.recv()
+            return self._conn.recv()
         except (EOFError, OSError):
             code = None
             if self._proc is not None:
                 self._proc.join(5)  # the pipe closes a moment before the exit status is known
                 code = self._proc.exitcode
             self.close()
-            return "runtime_error", self.failure_reward, f"{self.spec} crashed (exit code {code})"
-        if kind == "raised":
-            return "runtime_error", self.failure_reward, value
-        return interpret(value, self.failure_reward, self.pass_threshold)
+            return "crashed", f"{self.spec} crashed (exit code {code})"
 
     def close(self) -> None:
         if self._proc is not None:
@@ -154,3 +162,20 @@ class FunctionRunner:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+class FunctionRunner(ChildRunner):
+    """The user's reward function in its child process: ``call`` gives an Outcome, whatever
+    the function does."""
+
+    def __init__(self, spec: str, timeout_s: float, failure_reward: float = 0.0, pass_threshold: float = 1.0) -> None:
+        self.failure_reward, self.pass_threshold = failure_reward, pass_threshold
+        super().__init__(spec, timeout_s)
+
+    def call(self, completion: str, task: Dict[str, Any]) -> Outcome:
+        kind, value = self.ask((completion, task))
+        if kind == "timeout":
+            return "timeout", self.failure_reward, value
+        if kind in ("raised", "crashed"):
+            return "runtime_error", self.failure_reward, value
+        return interpret(value, self.failure_reward, self.pass_threshold)

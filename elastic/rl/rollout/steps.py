@@ -34,13 +34,16 @@ class StepPlanner:
         """The policy's input for a task: its prompt as a user message in the SFT chat format
         (rl.prompt_format=chat), or the prompt text as is (raw: base models, code continuation)."""
         if problem not in self._ids:
-            text = self.prompt_texts[problem]
-            if self.rl.prompt_format == "raw":
-                self._ids[problem] = list(self.tok.encode(text, add_special_tokens=True).ids)
-            else:
-                segs = prompt_segments([{"role": "user", "content": text}], self.chat)
-                self._ids[problem] = tokenize_segments(segs, self.tok.encode_batch, self.eos_id)[0]
+            self._ids[problem] = self.text_tokens(self.prompt_texts[problem])
         return self._ids[problem]
+
+    def text_tokens(self, text: str) -> List[int]:
+        """A first user message as the policy's input (rl.prompt_format, as `prompt_tokens`; rl.env's
+        reset message comes this way)."""
+        if self.rl.prompt_format == "raw":
+            return list(self.tok.encode(text, add_special_tokens=True).ids)
+        segs = prompt_segments([{"role": "user", "content": text}], self.chat)
+        return tokenize_segments(segs, self.tok.encode_batch, self.eos_id)[0]
 
     def prompts(self, step: int):
         return self.stream.step(step, self.rl.prompts_per_step)

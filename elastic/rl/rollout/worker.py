@@ -153,14 +153,14 @@ class RolloutWorker:
         """rl.turns > 1: the unit's rows as one EpisodeBatch (elastic/generation/episodes.py
         `play_episodes`, the trainers' round loop) with the trainers' scorer
         (elastic/rl/episodes.py TurnScorer: every answered turn scored by the reward service
-        under f"{key}:t{turn}", feedback as the next user message, turn_seed per turn), so at
-        max_staleness 0 the episodes are the colocated run's. Each row's `logprobs` cover all of
-        its tokens (0 on feedback, which no loss term reads)."""
+        under f"{key}:t{turn}" with the trainers' Request, the pool's feedback as the next user
+        message, turn_seed per turn), so at max_staleness 0 the episodes are the colocated run's.
+        Each row's `logprobs` cover all of its tokens (0 on feedback, which no loss term reads)."""
         from elastic.generation.episodes import play_episodes
-        from elastic.rl.episodes import TurnScorer, episode_rows, episode_sampling, feedback_kind
+        from elastic.rl.episodes import TurnScorer, episode_rows, episode_sampling
 
         rl = self.rl
-        scorer = TurnScorer(rl, feedback_kind(self.cfg.reward.kind), client, self.tok, self.chat, self.eos_id, rows)
+        scorer = TurnScorer(rl, client, self.tok, self.chat, self.eos_id, rows)  # the trainers' keys and Requests
 
         def respond(answered, last: bool):
             out = scorer(answered, last)
