@@ -47,11 +47,10 @@ from __future__ import annotations
 
 import importlib
 import math
-import sys
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from elastic.reward.result import Result
-from elastic.reward.verifiers.user_function import ChildRunner, _serve
+from elastic.reward.verifiers.user_function import ChildRunner, serve_user_code
 
 MESSAGE_BYTES = 65536  # an environment's message is cut here on the actor (the trainer cuts further)
 
@@ -112,13 +111,7 @@ def replay(cls: type, task: Dict[str, Any], history: Sequence[str], completion: 
 
 
 def _env_child(conn, spec: str, path: list) -> None:
-    sys.path[:0] = [p for p in path if p not in sys.path]
-    try:
-        cls = resolve_env(spec)
-    except ValueError as e:
-        conn.send(("fatal", str(e)))
-        return
-    _serve(conn, cls, replay)
+    serve_user_code(conn, spec, path, resolve_env, replay)
 
 
 class EnvRunner(ChildRunner):

@@ -86,14 +86,21 @@ def _serve(conn, target: Callable, call: Callable) -> None:
                 conn.send(("raised", f"{type(e).__name__}{at}"))
 
 
-def _child(conn, spec: str, path: list) -> None:
+def serve_user_code(conn, spec: str, path: list, resolver: Callable[[str], Any], call: Callable) -> None:
+    """A child process's body: the parent's sys.path first, `resolver(spec)` (one "fatal"
+    message when it does not resolve), then `_serve` with `call`. Shared by the user's reward
+    function (below) and environment class (user_env.py)."""
     sys.path[:0] = [p for p in path if p not in sys.path]
     try:
-        fn = resolve(spec)
+        target = resolver(spec)
     except ValueError as e:
         conn.send(("fatal", str(e)))
         return
-    _serve(conn, fn, lambda f, completion, task: f(completion, task))
+    _serve(conn, target, call)
+
+
+def _child(conn, spec: str, path: list) -> None:
+    serve_user_code(conn, spec, path, resolve, lambda f, completion, task: f(completion, task))
 
 
 class ChildRunner:
