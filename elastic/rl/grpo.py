@@ -385,47 +385,44 @@ class GRPOJob(Job):
         answered turn scored under f"{key}:t{turn}", this rank waits, the pool's feedback (or the
         environment's message) as the next user message, turn t sampled with turn_seed(seed, t),
         so a resumed run reproduces the same episodes). The episodes' room (`episode_budget`)
-        comes from every prompt of the step, all ranks' (`_room_lens`), so it is the same at any
+        comes from every prompt of the step, all ranks' (`_episode_setup`), so it is the same at any
         world size."""
         from elastic.rl.episodes import episode_rows, episode_sampling
         from elastic.train.fsdp_generate import fsdp_generate_turns
 
         rl = self.rl
-        scorer, prompts, firsts = self._episode_scorer(
-            [{"key": r.key, "problem": r.problem, "seed": s, "prompt": r.prompt} for r, s in zip(rows, seeds)])
-        every = self._room_lens([{k: p[k] for k in ("key", "problem", "seed", "prompt")}
-                                 for p in self.planner.rows(step, range(self.N))])
+        mine = [{"key": r.key, "problem": r.problem, "seed": s, "prompt": r.prompt} for r, s in zip(rows, seeds)]
+        every = [{k: p[k] for k in ("key", "problem", "seed", "prompt")} for p in self.planner.rows(step, range(self.N))]
+        scorer, prompts, firsts, room_lens = self._episode_setup(mine, every)
         eps = fsdp_generate_turns(self.ctx.model, prompts, rl.max_new_tokens, rl.turns, scorer,
-                                  **episode_sampling(rl, every, self.ctx.model.args.max_seq_len, self.eos_id),
+                                  **episode_sampling(rl, room_lens, self.ctx.model.args.max_seq_len, self.eos_id),
                                   seed=seeds)
         for r, got, p, first in zip(rows, episode_rows(eps, scorer.turns), prompts, firsts):
             _set_episode(r, got)
             r.prompt, r.first_message = p, first
 
-    def _episode_scorer(self, heads: List[Dict[str, Any]]) -> Tuple[Any, List[List[int]], List[Optional[str]]]:
-        """(the TurnScorer of episodes heads [{key, problem, seed, prompt}], their prompts, their
-        first messages): with rl.env the environment's first messages (elastic/rl/episodes.py
-        first_messages; an episode that cannot start keeps its prompt, None, and is answered
-        sandbox_error), else the heads' own prompts and None."""
+    def _episode_setup(self, mine: List[Dict[str, Any]], every: List[Dict[str, Any]]
+                       ) -> Tuple[Any, List[List[int]], List[Optional[str]], List[int]]:
+        """(the TurnScorer of this rank's episodes `mine`, their prompts, their first messages, the
+        prompt lengths of `every` episode of the call, all ranks': the episodes' room comes from
+        these, so it does not depend on the world size). Heads are {key, problem, seed, prompt};
+        `mine` is a subset of `every`. With rl.env the prompts are the environments' first messages
+        (elastic/rl/episodes.py first_messages, asked once for `every` head: the service
+        evaluates a key once, each rank forgets its own; an episode that cannot start keeps its
+        prompt, None, and is answered sandbox_error), else the heads' own prompts and None."""
         from elastic.rl.episodes import TurnScorer, first_messages
 
         rl = self.rl
-        prompts, firsts, failed = [h["prompt"] for h in heads], [None] * len(heads), {}
+        prompts, firsts, failed = [h["prompt"] for h in every], [None] * len(every), {}
         if rl.env:
-            firsts, prompts, failed = first_messages(self.reward, heads, self.planner.text_tokens,
+            firsts, prompts, failed = first_messages(self.reward, every, self.planner.text_tokens,
                                                      self.ctx.model.args.max_seq_len - rl.max_new_tokens,
                                                      self.ctx.cfg.reward.failure_reward)
-        return TurnScorer(rl, self.reward, self.tok, self.chat, self.eos_id, heads, failed), prompts, firsts
-
-    def _room_lens(self, heads: List[Dict[str, Any]]) -> List[int]:
-        """The lengths of the prompts every rank plays for `heads` (all of a step's rows, or every
-        held-out task): the task prompts, or with rl.env the environments' first messages (each
-        rank asks for every head's reset; the service evaluates a key once, and each rank forgets
-        its own). Sizing the episodes' room from these makes it independent of the world size."""
-        if not self.rl.env:
-            return [len(h["prompt"]) for h in heads]
-        _, prompts, _ = self._episode_scorer(heads)
-        return [len(p) for p in prompts]
+        at = {h["key"]: i for i, h in enumerate(every)}
+        idx = [at[h["key"]] for h in mine]
+        scorer = TurnScorer(rl, self.reward, self.tok, self.chat, self.eos_id, mine,
+                            {j: failed[i] for j, i in enumerate(idx) if i in failed})
+        return scorer, [prompts[i] for i in idx], [firsts[i] for i in idx], [len(p) for p in prompts]
 
     def _episode_result(self, r: Rollout) -> Any:
         """An episode's verdict: the last turn's status and speed-up, the episode reward of its
@@ -762,12 +759,11 @@ class GRPOJob(Job):
         rl, ctx = self.rl, self.ctx
         mine = self.heldout[ctx.rank::ctx.world_size]
         path = os.path.join(ctx.local_dir, EVAL_VERDICTS)
-        heads = [{"key": f"{self.run_name}:eval{step}:{t}:0", "problem": t, "seed": 0, "prompt": self.prompt_tokens(t)}
-                 for t in mine]
-        scorer, prompts, _ = self._episode_scorer(heads)
+        head = lambda t: {"key": f"{self.run_name}:eval{step}:{t}:0", "problem": t, "seed": 0,  # noqa: E731
+                          "prompt": self.prompt_tokens(t)}
+        heads = [head(t) for t in mine]
+        scorer, prompts, _, room_lens = self._episode_setup(heads, [head(t) for t in self.heldout])  # every rank's tasks
         keys: List[str] = [reset_key(h["key"]) for h in heads] if rl.env else []
-        every = self._room_lens([{"key": f"{self.run_name}:eval{step}:{t}:0", "problem": t, "seed": 0,
-                                  "prompt": self.prompt_tokens(t)} for t in self.heldout])  # every rank's tasks
 
         def respond(answered, last: bool) -> Dict[int, Optional[List[int]]]:
             out = scorer(answered, last)  # tensor-parallel peers submit the same keys: the service keeps one
@@ -781,7 +777,7 @@ class GRPOJob(Job):
             return out
 
         eps = fsdp_generate_turns(ctx.model, prompts, rl.max_new_tokens, rl.turns, respond,
-                                  **episode_sampling(rl, every, ctx.model.args.max_seq_len, self.eos_id, greedy=True))
+                                  **episode_sampling(rl, room_lens, ctx.model.args.max_seq_len, self.eos_id, greedy=True))
         self.count_forward(sum(len(e.tokens) for e in eps))
         res = [(t, [(x["turn"], x["status"], x["speedup"]) for x in recs]) for t, recs in zip(mine, scorer.turns)]
         alls = [x for p in ctx.comm.all_gather_object(res) for x in p]
