@@ -34,8 +34,14 @@ def ray_local():
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"], "WANDB_MODE": "disabled"}})
+    for attempt in range(3):  # a node start can time out on a busy machine: cluster.start_private
+        try:
+            ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"], "WANDB_MODE": "disabled"}})
+            break
+        except Exception as e:
+            if "timed out during startup" not in str(e) or attempt == 2:
+                raise
     yield ray
     ray.shutdown()
 
@@ -84,3 +90,37 @@ def pytest_terminal_summary(terminalreporter):
     for f, s in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1]):
         if s >= 1.0:
             terminalreporter.write_line(f"{s:8.1f}s {100 * s / total:5.1f}%  {f}")
+
+
+# --- Running the suite on two processes (pytest-xdist, `-n 2 --dist loadgroup`: pyproject.toml) ---
+# Each test file is one unit of work, so its module fixtures (a trained policy, a cluster) are
+# built once; files that share a session fixture share a unit. Units start longest first
+# (seconds from CI's per-file table; a file not listed takes a few seconds): with two processes
+# the suite ends when the longer of two queues does, so the long files must not come last.
+SHARED_UNITS = {"tests/test_resume.py": "small_run_6", "tests/test_parallel_layouts.py": "small_run_6"}
+LONGEST_FIRST = (
+    "tests/test_grpo.py", "tests/test_bench_smoke.py", "tests/test_grpo_turns.py", "tests/test_reward_model.py",
+    "tests/test_launch.py", "tests/test_grpo_update.py", "tests/test_elastic.py", "tests/test_dpo.py",
+    "small_run_6", "tests/test_sft.py", "tests/test_job_submit.py", "tests/test_step_breakdown.py",
+    "tests/test_checkpoint_crash.py", "tests/test_data_store_remote.py", "tests/test_data_store.py",
+    "tests/test_mixture.py", "tests/test_ray_dataset_source.py", "tests/test_lora_run.py",
+    "tests/test_fsdp_equivalence.py", "tests/test_scaling_ladder.py", "tests/test_reshard.py", "tests/test_eval_run.py",
+    "tests/test_generate_engine.py", "tests/test_fit_gpus.py", "tests/test_hf_export.py",
+    "tests/test_python_tests_batch.py", "tests/test_reward_problems.py", "tests/test_qlora.py",
+)
+
+
+def unit_of(nodeid: str) -> str:
+    """The work unit (xdist group) of a test: its file, or the unit its file shares."""
+    f = nodeid.split("::", 1)[0]
+    return SHARED_UNITS.get(f, f)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the group into the node id's suffix
+def pytest_collection_modifyitems(config, items):
+    rank = {u: i for i, u in enumerate(LONGEST_FIRST)}
+    units = {id(it): unit_of(it.nodeid) for it in items}
+    order = {u: n for n, u in enumerate(dict.fromkeys(units.values()))}  # collection order within the rest
+    items.sort(key=lambda it: (rank.get(units[id(it)], len(rank)), order[units[id(it)]]))  # stable: in-file order kept
+    for it in items:
+        it.add_marker(pytest.mark.xdist_group(units[id(it)]))

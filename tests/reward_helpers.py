@@ -24,7 +24,9 @@ def fast_settings(cache_dir: Path, **kw) -> EvalSettings:
 
 
 def leftover_programs() -> List[str]:
-    """Sandboxed programs still alive anywhere on the host (we always run them as ./prog)."""
+    """This session's sandboxed programs still alive (we always run them as ./prog). Programs of
+    another test session on the host (pytest-xdist's other worker runs its own sandboxes at the
+    same time) are not counted: see `ours`."""
     found = []
     for d in os.listdir("/proc"):
         if not d.isdigit():
@@ -34,9 +36,40 @@ def leftover_programs() -> List[str]:
             state = [l for l in Path(f"/proc/{d}/status").read_text().splitlines() if l.startswith("State:")]
         except OSError:
             continue
-        if argv0 == b"./prog" and not (state and "Z" in state[0]):
+        if argv0 == b"./prog" and not (state and "Z" in state[0]) and _program_is_ours(int(d)):
             found.append(d)
     return found
+
+
+def _program_is_ours(pid: int) -> bool:
+    """A sandboxed program belongs to this session when the sandbox that runs it does (its run
+    cgroup is named elastic-sbx-<owner pid>-...: `ours`), or, on a host without run cgroups, when
+    it descends from this process or was orphaned (reparented to init: a leak, whoever made it)."""
+    try:
+        cg = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return False
+    names = [part for line in cg.splitlines() for part in line.split("/") if part.startswith("elastic-sbx-")]
+    if names:
+        return ours(names[0])
+    return own_process(pid) or _ppid(pid) == 1
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def ours(name: str) -> bool:
+    """Whether a sandbox's scratch dir or run cgroup (elastic-sbx-<owner pid>-...) is this test
+    session's: its owner descends from this process (the sandbox itself, or a Ray worker of the
+    session's cluster), or is dead (then nobody can tell whose it was, and it must be swept: it
+    counts). pytest-xdist runs two sessions side by side; each checks only its own."""
+    owner = name.split("-")[2]
+    return not owner.isdigit() or _owner_dead(name) or own_process(int(owner))
 
 
 def _owner_dead(name: str) -> bool:
@@ -46,7 +79,7 @@ def _owner_dead(name: str) -> bool:
 
 def leftover_scratch(dead_owners_only: bool = False) -> List[str]:
     return [p.name for p in Path(tempfile.gettempdir()).glob("elastic-sbx-*")
-            if not dead_owners_only or _owner_dead(p.name)]
+            if ours(p.name) and (not dead_owners_only or _owner_dead(p.name))]
 
 
 def _run_cgroups() -> List[str]:
@@ -67,11 +100,11 @@ _BEFORE_SESSION = set(_run_cgroups())
 
 
 def leftover_cgroups(dead_owners_only: bool = False) -> List[str]:
-    """Run cgroups on the host created since this test session started; a live sandbox keeps
-    one for its spare launcher, so callers either close their sandbox first or look only at
-    owners that died."""
+    """This session's run cgroups (`ours`) created since it started; a live sandbox keeps one for
+    its spare launcher, so callers either close their sandbox first or look only at owners that
+    died."""
     return [p for p in _run_cgroups()
-            if p not in _BEFORE_SESSION and (not dead_owners_only or _owner_dead(Path(p).name))]
+            if p not in _BEFORE_SESSION and ours(Path(p).name) and (not dead_owners_only or _owner_dead(Path(p).name))]
 
 
 def fence(lang: str, src: str) -> str:

@@ -63,3 +63,38 @@ def test_shortfall_names_what_is_missing():
     assert shortfall(bundles, {"CPU": 8, "GPU": 1}, {"CPU": 8, "GPU": 1}) == "GPU 2 needed, the cluster has 1"
     assert shortfall(bundles, {"CPU": 8, "GPU": 2}, {"CPU": 2, "GPU": 2}) == "CPU 3 needed, 2 of 8 free (the rest is in use)"
     assert shortfall(bundles, {"CPU": 8, "GPU": 2}, {"CPU": 8, "GPU": 2}).startswith("no node can hold")
+
+
+def test_a_private_start_that_times_out_is_tried_again_without_what_it_left():
+    """Ray's node start can time out on a busy machine (the raylet gives up on its dashboard agent
+    after a fixed 15 s); start_private tries again, after ending the processes the failed start
+    left behind (here: a child that stands for its GCS). Other errors pass through at once."""
+    import subprocess
+
+    from elastic.launch.runtime.cluster import start_private
+
+    left, tries = [], []
+
+    def init():
+        tries.append(1)
+        if len(tries) == 1:
+            left.append(subprocess.Popen(["sleep", "600"]))
+            raise Exception("The current node timed out during startup. This could happen because ...")
+
+    start_private(init)
+    assert len(tries) == 2 and left[0].poll() is not None  # tried again; the first start's child is gone
+
+    def always(error):
+        def init():
+            tries.append(1)
+            raise error
+        return init
+
+    tries.clear()
+    with pytest.raises(Exception, match="timed out during startup"):  # the last try's error, as it came
+        start_private(always(Exception("The current node timed out during startup.")), tries=2)
+    assert len(tries) == 2
+    tries.clear()
+    with pytest.raises(ValueError):
+        start_private(always(ValueError("bad argument")))
+    assert len(tries) == 1

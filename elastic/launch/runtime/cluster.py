@@ -199,6 +199,44 @@ def stop_log_monitor() -> None:
         logging.getLogger(__name__).debug("log monitor left running: %s", e)
 
 
+# How many times a private instance's start is tried when its node does not come up in time.
+# On a busy machine (other jobs starting beside it) the raylet can give up on its dashboard agent
+# (a Python process that writes its ports to a file within a fixed 15 s, Ray's C++ constant) and
+# exit, and `ray.init` then fails after 30 s with "The current node timed out during startup".
+# Seen on the 2-core CI machine when a job in a subprocess started its instance while another
+# job trained. A second try on a fresh session starts in the usual few seconds.
+PRIVATE_START_TRIES = 3
+NODE_START_TIMEOUT = "timed out during startup"
+
+
+def start_private(init, tries: int = PRIVATE_START_TRIES) -> None:
+    """Run `init` (a `ray.init` that starts a private instance) until its node comes up, at most
+    `tries` times; between tries, the processes the failed start left (its GCS and agents:
+    this process's children that were not there before) are ended. Any other error, or the
+    last timeout, is raised as it came."""
+    import psutil
+
+    me = psutil.Process()
+    for attempt in range(1, tries + 1):
+        before = {c.pid for c in me.children(recursive=True)}
+        try:
+            with without_daemons():
+                init()
+            return
+        except Exception as e:
+            if NODE_START_TIMEOUT not in str(e) or attempt == tries:
+                raise
+            left = [c for c in me.children(recursive=True) if c.pid not in before]
+            for c in left:
+                try:
+                    c.kill()
+                except psutil.Error:
+                    pass
+            psutil.wait_procs(left, timeout=10)
+            logging.getLogger(__name__).warning("private Ray instance: the node did not start in time; "
+                                                "trying again (%d of %d)", attempt + 1, tries)
+
+
 _private_address: list = []  # the GCS address of the private instance this process started
 
 
@@ -232,9 +270,9 @@ def connect(choice: ClusterChoice, num_cpus: int, env_vars: Dict[str, str]) -> C
             quiet_train = private_instance_env()
             for k, v in quiet_train.items():  # the driver reads some, the controller actor the others
                 os.environ.setdefault(k, v)
-            with without_daemons():
-                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
-                         runtime_env={"env_vars": {**quiet_train, **env_vars}}, _system_config=PRIVATE_SYSTEM_CONFIG, **quiet)
+            start_private(lambda: ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                                           runtime_env={"env_vars": {**quiet_train, **env_vars}},
+                                           _system_config=PRIVATE_SYSTEM_CONFIG, **quiet))
             stop_log_monitor()  # (when without_daemons could not keep it from starting)
             _private_address.append(ray.get_runtime_context().gcs_address)
         reinstall()  # ray.init replaced the SIGTERM handler of an entry point (stop.py)
