@@ -32,16 +32,18 @@ def ray_local():
     """
     import ray
 
+    from elastic.launch.runtime.cluster import PRIVATE_SYSTEM_CONFIG, start_private, stop_log_monitor
+
     if ray.is_initialized():
         ray.shutdown()
-    for attempt in range(3):  # a node start can time out on a busy machine: cluster.start_private
-        try:
-            ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-                     runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"], "WANDB_MODE": "disabled"}})
-            break
-        except Exception as e:
-            if "timed out during startup" not in str(e) or attempt == 2:
-                raise
+    # Started as lean as a job's private instance (elastic/launch/runtime/cluster.py): no
+    # prestarted idle workers, autoscaler monitor or log monitor (the log monitor polls every
+    # worker's log files for the whole session: ~3% of a core here, for nothing with
+    # log_to_driver=False), and tried again if its node start times out on the busy machine.
+    start_private(lambda: ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
+                                   runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"], "WANDB_MODE": "disabled"}},
+                                   _system_config=PRIVATE_SYSTEM_CONFIG))
+    stop_log_monitor()
     yield ray
     ray.shutdown()
 
@@ -92,35 +94,46 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{s:8.1f}s {100 * s / total:5.1f}%  {f}")
 
 
-# --- Running the suite on two processes (pytest-xdist, `-n 2 --dist loadgroup`: pyproject.toml) ---
+# --- Running the suite on two processes (pytest-xdist, `-n 2`: pyproject.toml) ---
 # Each test file is one unit of work, so its module fixtures (a trained policy, a cluster) are
 # built once; files that share a session fixture share a unit. Units start longest first
-# (seconds from CI's per-file table; a file not listed takes a few seconds): with two processes
-# the suite ends when the longer of two queues does, so the long files must not come last.
+# (seconds from the per-file table every run prints; a file not listed takes a few seconds):
+# with two processes the suite ends when the longer of two queues does, so the long files must
+# not come last.
 SHARED_UNITS = {"tests/test_resume.py": "small_run_6", "tests/test_parallel_layouts.py": "small_run_6"}
 LONGEST_FIRST = (
     "tests/test_grpo.py", "tests/test_bench_smoke.py", "tests/test_grpo_turns.py", "tests/test_reward_model.py",
-    "tests/test_launch.py", "tests/test_grpo_update.py", "tests/test_elastic.py", "tests/test_dpo.py",
-    "small_run_6", "tests/test_sft.py", "tests/test_job_submit.py", "tests/test_step_breakdown.py",
-    "tests/test_checkpoint_crash.py", "tests/test_data_store_remote.py", "tests/test_data_store.py",
-    "tests/test_mixture.py", "tests/test_ray_dataset_source.py", "tests/test_lora_run.py",
-    "tests/test_fsdp_equivalence.py", "tests/test_scaling_ladder.py", "tests/test_reshard.py", "tests/test_eval_run.py",
-    "tests/test_generate_engine.py", "tests/test_fit_gpus.py", "tests/test_hf_export.py",
-    "tests/test_python_tests_batch.py", "tests/test_reward_problems.py", "tests/test_qlora.py",
+    "tests/test_launch.py", "tests/test_elastic.py", "tests/test_dpo.py", "small_run_6", "tests/test_checkpoint_crash.py",
+    "tests/test_sft.py", "tests/test_job_submit.py", "tests/test_data_store_remote.py", "tests/test_step_breakdown.py",
+    "tests/test_mixture.py", "tests/test_ray_dataset_source.py", "tests/test_lora_run.py", "tests/test_data_store.py",
+    "tests/test_fsdp_equivalence.py", "tests/test_hf_export.py", "tests/test_scaling_ladder.py", "tests/test_reshard.py",
+    "tests/test_eval_run.py", "tests/test_generate_engine.py", "tests/test_fit_gpus.py", "tests/test_python_tests_batch.py",
+    "tests/test_reward_problems.py", "tests/test_qlora.py",
 )
 
 
 def unit_of(nodeid: str) -> str:
-    """The work unit (xdist group) of a test: its file, or the unit its file shares."""
+    """The work unit of a test: its file, or the unit its file shares."""
     f = nodeid.split("::", 1)[0]
     return SHARED_UNITS.get(f, f)
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the group into the node id's suffix
 def pytest_collection_modifyitems(config, items):
+    """Longest units first; within a unit, the order of collection."""
     rank = {u: i for i, u in enumerate(LONGEST_FIRST)}
     units = {id(it): unit_of(it.nodeid) for it in items}
-    order = {u: n for n, u in enumerate(dict.fromkeys(units.values()))}  # collection order within the rest
-    items.sort(key=lambda it: (rank.get(units[id(it)], len(rank)), order[units[id(it)]]))  # stable: in-file order kept
-    for it in items:
-        it.add_marker(pytest.mark.xdist_group(units[id(it)]))
+    order = {u: n for n, u in enumerate(dict.fromkeys(units.values()))}
+    items.sort(key=lambda it: (rank.get(units[id(it)], len(rank)), order[units[id(it)]]))  # stable
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scope scheduling with our units as the scopes (`--dist loadgroup` would need an
+    xdist_group mark turned into a node-id suffix, which pytest 9.2's node ids no longer take).
+    The queue keeps the collection order (--no-loadscope-reorder): longest first."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class UnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of(nodeid)
+
+    return UnitScheduling(config, log)
