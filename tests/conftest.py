@@ -94,7 +94,7 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{s:8.1f}s {100 * s / total:5.1f}%  {f}")
 
 
-# --- Running the suite on two processes (pytest-xdist, `-n 2`: pyproject.toml) ---
+# --- Running the suite on two processes (opt-in: `pytest -n 2 --dist loadfile --no-loadscope-reorder`) ---
 # Each test file is one unit of work, so its module fixtures (a trained policy, a cluster) are
 # built once; files that share a session fixture share a unit. Units start longest first
 # (seconds from the per-file table every run prints; a file not listed takes a few seconds):
@@ -119,7 +119,10 @@ def unit_of(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config, items):
-    """Longest units first; within a unit, the order of collection."""
+    """Under pytest-xdist (`-n 2`), longest units first; within a unit, the order of collection.
+    A run in one process keeps the plain collection order."""
+    if not hasattr(config, "workerinput"):
+        return
     rank = {u: i for i, u in enumerate(LONGEST_FIRST)}
     units = {id(it): unit_of(it.nodeid) for it in items}
     order = {u: n for n, u in enumerate(dict.fromkeys(units.values()))}
