@@ -129,6 +129,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda it: (rank.get(units[id(it)], len(rank)), order[units[id(it)]]))  # stable
 
 
+@pytest.hookimpl(optionalhook=True)  # a pytest without pytest-xdist (the GPU image) has no such hook
 def pytest_xdist_make_scheduler(config, log):
     """xdist's scope scheduling with our units as the scopes (`--dist loadgroup` would need an
     xdist_group mark turned into a node-id suffix, which pytest 9.2's node ids no longer take).
