@@ -56,6 +56,7 @@ def _program_is_ours(pid: int) -> bool:
 
 
 def _ppid(pid: int) -> int:
+    """The parent pid from /proc/<pid>/stat (after the parenthesised name); -1 if it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             return int(f.read().rsplit(")", 1)[1].split()[1])
@@ -68,13 +69,19 @@ def ours(name: str) -> bool:
     session's: its owner descends from this process (the sandbox itself, or a Ray worker of the
     session's cluster), or is dead (then nobody can tell whose it was, and it must be swept: it
     counts). pytest-xdist runs two sessions side by side; each checks only its own."""
+    owner = _owner(name)
+    return owner is None or _owner_dead(name) or own_process(owner)
+
+
+def _owner(name: str):
+    """The owner pid in a sandbox's elastic-sbx-<owner pid>-... name (None if it has none)."""
     owner = name.split("-")[2]
-    return not owner.isdigit() or _owner_dead(name) or own_process(int(owner))
+    return int(owner) if owner.isdigit() else None
 
 
 def _owner_dead(name: str) -> bool:
-    owner = name.split("-")[2]
-    return owner.isdigit() and not os.path.exists(f"/proc/{owner}")
+    owner = _owner(name)
+    return owner is not None and not os.path.exists(f"/proc/{owner}")
 
 
 def leftover_scratch(dead_owners_only: bool = False) -> List[str]:
@@ -135,11 +142,7 @@ def own_process(pid: int) -> bool:
     while pid > 1:
         if pid == me:
             return True
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])  # ppid (after the parenthesised name)
-        except (OSError, ValueError, IndexError):
-            return False
+        pid = _ppid(pid)
     return False
 
 
