@@ -66,13 +66,23 @@ def _steps_done(run):
     return {r["step"] for r in read_jsonl(run / "metrics.jsonl")} if (run / "metrics.jsonl").exists() else set()
 
 
+def _save_started(run, step):
+    """Whether rank 0 recorded the start of `step`'s checkpoint (it trained the step)."""
+    events = run / "events.jsonl"
+    return events.exists() and any(e["event"] == "checkpoint_start" and e["step"] == step
+                                   for e in read_jsonl(events))
+
+
 def _wait_inside_write_of_4(p, run, marker, log):
-    """Until rank 1 stalls in its write of checkpoint 4, step 5 has been trained meanwhile and
-    checkpoint 2 is registered."""
+    """Until rank 1 stalls in its write of checkpoint 4, step 5 has been trained meanwhile, step 6
+    has been trained and its save has begun (it waits for checkpoint 4), and checkpoint 2 is
+    registered. Waiting for step 6's save to begin, not a fixed second, keeps the steps redone
+    (3..6) the same on a busy machine: CI once killed the worker before step 6 had trained."""
     t0 = time.time()
     while time.time() < t0 + 300:
         assert p.poll() is None, log.read_text()[-3000:]
-        if marker.exists() and 5 in _steps_done(run) and _registered(run) == "step_00000002":
+        if (marker.exists() and 5 in _steps_done(run) and _registered(run) == "step_00000002"
+                and _save_started(run, STEPS)):
             break
         time.sleep(0.5)
     else:
