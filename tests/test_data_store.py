@@ -72,6 +72,33 @@ def test_a_rank_reads_only_its_own_rows(ray_local, plan, tmp_path):
     assert stream.rows_read == 5 * B // 3
 
 
+def test_a_hold_file_holds_every_batch_until_it_is_gone(ray_local, plan, tmp_path, monkeypatch):
+    """ELASTIC_FAULT_DATA_HOLD (the elastic drill's pause while Ray resizes a run): while the file
+    exists no batch is produced, with or without prefetch (batches a prefetching reader made
+    before the hold still come out); once it is removed, reading goes on where it stopped."""
+    import threading
+
+    _, stream = open_store(plan, tmp_path / "cache")
+    hold = tmp_path / "hold"
+    monkeypatch.setenv("ELASTIC_FAULT_DATA_HOLD", str(hold))
+    ref = RankBatches(stream, Cursor(), B, 0, 1, prefetch_steps=0)
+    expected = [ref.next().rows["sample_id"].tolist() for _ in range(2)]
+    for prefetch in (0, 2):
+        it = RankBatches(stream, Cursor(), B, 0, 1, prefetch_steps=prefetch)
+        hold.touch()
+        got = []
+        reader = threading.Thread(target=lambda: got.append(it.next()))
+        reader.start()
+        reader.join(timeout=1.5)
+        held = reader.is_alive() and not got
+        hold.unlink()
+        reader.join(timeout=30)
+        assert held, prefetch
+        got.append(it.next())
+        assert [b.rows["sample_id"].tolist() for b in got] == expected, prefetch
+        it.close()
+
+
 def test_each_shard_is_built_once_and_reused_by_restarts(ray_local, plan, tmp_path):
     root = tmp_path / "cache"
     builder, stream = open_store(plan, root)

@@ -160,6 +160,9 @@ def test_job_beside_another_programs_private_ray_starts_its_own_and_keeps_a_quie
 
     # Start-up, from the command's start (the process's) to the first step's beginning and end.
     summary = json.loads((tmp_path / "runs" / "beside" / "summary.json").read_text())
+    # Ray Train's controller polls its workers every 0.5 s, not its default 2 s (lean_train.POLL_S).
+    first = next(e for e in read_jsonl(tmp_path / "runs" / "beside" / "events.jsonl") if e["event"] == "controller_state")
+    assert first["from"] == "InitializingState" and first["poll_s"] == 0.5, first
     assert 0 < summary["startup_s"] <= summary["first_step_s"] <= summary["job_s"] < t_command, (summary, t_command)
 
     # Ray's services that one machine cannot use are not started (cluster.PRIVATE_TRAIN_ENV,

@@ -240,6 +240,12 @@ class RankBatches:
         delay = float(os.environ.get("ELASTIC_FAULT_DATA_DELAY_S", "0") or 0)
         if delay > 0:
             time.sleep(delay)
+        # ELASTIC_FAULT_DATA_HOLD=<path>: no batch while that file exists. The elastic drill
+        # (elastic/launch/drill.py) holds a run this way while Ray adds a node and resizes it,
+        # which takes longer than a tiny model's whole run on a quiet machine.
+        hold = os.environ.get("ELASTIC_FAULT_DATA_HOLD")
+        while hold and os.path.exists(hold) and not self._stop.is_set():
+            time.sleep(0.1)
         w = self.stream.walk(cursor, self.B)
         a = self.rank * self.per_rank
         rows = self.stream.read(w.segments, a, a + self.per_rank)

@@ -3,7 +3,8 @@ Ray cluster and inject the events elastic training must survive, then check the 
 
 Schedule (driven by the run's own progress in metrics.jsonl):
   1. start with the head only (1 trainer slot)        → world size 1
-  2. after `add_after` steps, a node joins              → resize 1 → 2
+  2. after `add_after` steps, a node joins              → resize 1 → 2 (the run's batches are
+     held until Ray Train decides it, so the run cannot end first)
   3. `gap` steps later, once a world-size-2 checkpoint is registered, that node's processes are
      killed → failure, 2 → 1
   4. `gap` steps later, a train worker gets SIGKILL      → failure, 1 → 1
@@ -27,7 +28,7 @@ from elastic.launch import ledger as ledger_lib
 from elastic.launch.runtime.local_cluster import LocalCluster
 from elastic.report.recovery import analyze, format_table, read_jsonl
 
-REGISTER_S = 4.0  # Ray Train's controller registers a reported checkpoint on its next poll (~2 s)
+REGISTER_S = 4.0  # Ray Train's controller registers a reported checkpoint on its next poll (0.5 s: lean_train.POLL_S), with room for a loaded machine
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -102,19 +103,30 @@ def final_losses(metrics: List[Dict]) -> Dict[int, float]:
 def run_drill(out_dir: str, steps: int = 40, add_after: int = 4, gap: int = 3, timeout: float = 900, baseline: bool = True) -> Dict:
     os.makedirs(out_dir, exist_ok=True)
     storage = os.path.join(out_dir, "runs")
+    hold = os.path.join(out_dir, "hold-data")
     cluster = LocalCluster(head_cpus=2, head_resources={"trainer": 1},
-                           env={"PYTHONPATH": REPO, "RAY_TRAIN_ENABLE_STATE_TRACKING": "0"}).start()
+                           env={"PYTHONPATH": REPO, "RAY_TRAIN_ENABLE_STATE_TRACKING": "0",
+                                "ELASTIC_FAULT_DATA_HOLD": hold}).start()
     injected: List[Dict] = []
     try:
         job = Job(cluster, storage, "drill", drill_overrides(storage, "drill", steps, 1, 2), os.path.join(out_dir, "drill.log"))
         t0 = time.time()
         job.wait_for(lambda: job.steps_at(1, t0) >= add_after, f"{add_after} steps at world size 1", timeout)
+        # Until Ray Train decides to grow the group, the world-size-1 workers get no batch (the
+        # reader's hold file): a node takes 5-10 s to start and the resize comes seconds later,
+        # while the tiny model's steps take 0.3 s, so unheld the run could end before it resized.
+        open(hold, "w").close()
         node = cluster.add_node(num_cpus=1, resources={"trainer": 1})
         t_add = time.time()
         injected.append({"event": "add_node", "time": t_add})
+        try:
+            job.wait_for(lambda: any(e["event"] == "resize_decision" and e.get("num_workers") == 2 and e["time"] >= t_add
+                                     for e in job.events()), "Ray Train's decision to resize to 2 workers", timeout)
+        finally:
+            os.remove(hold)
         # The node goes only once a checkpoint written at world size 2 has had time to be registered
         # (rank 0 logs `checkpoint_done` when it reports the save; Ray Train's controller registers it
-        # on its next poll, ~2 s): killing earlier tests nothing more and, with asynchronous saves,
+        # on its next poll, every 0.5 s): killing earlier tests nothing more and, with asynchronous saves,
         # loses every world-size-2 step, which the ledger check below must see.
         job.wait_for(lambda: job.steps_at(2, t_add) >= gap and job.checkpoint_done_since(t_add, settle_s=REGISTER_S),
                      f"{gap} steps and a registered checkpoint at world size 2", timeout)

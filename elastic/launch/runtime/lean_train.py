@@ -35,6 +35,15 @@ except ImportError:  # another Ray: its own policy stays
 # in the main thread, aborts the controller the same way.
 RUNNING: list = []
 
+# How often the controller polls its workers (Ray Train's RAY_TRAIN_HEALTH_CHECK_INTERVAL_S; a
+# user's value wins). Every end of a worker group is seen at a poll: when the training function
+# returns (the run's end, a finished attempt), when a worker dies, and when a checkpoint a worker
+# reported is registered. Ray Train's 2 s default left each job idle for 1 s on average after its
+# last step (up to 2 s), and as long again for every failure noticed; a poll is one actor call per
+# worker, and a missed one (slower than the interval) only waits for the next: Ray Train fails a
+# worker after 10 minutes of missed polls, not one.
+POLL_ENV, POLL_S = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", 0.5
+
 try:  # Ray 2.5x/2.60's controller start, with the handle kept (TorchTrainer._initialize_and_run_controller)
     import ray
     from ray._common.constants import RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR
@@ -45,6 +54,7 @@ try:  # Ray 2.5x/2.60's controller start, with the handle kept (TorchTrainer._in
     def _run_controller(**kwargs):
         env_vars = get_env_vars_to_propagate()
         env_vars.setdefault(RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR, DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE)
+        env_vars.setdefault(POLL_ENV, str(POLL_S))  # the user's own value, when set, is propagated above
         cls = ray.remote(num_cpus=0, label_selector={ray._raylet.RAY_NODE_ID_KEY: ray.get_runtime_context().get_node_id()},
                          runtime_env={"env_vars": env_vars})(TrainController)
         controller = cls.remote(**kwargs)

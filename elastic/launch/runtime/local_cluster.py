@@ -12,7 +12,8 @@ start --head` records the cluster (`ray_current_cluster`) exactly as it does in 
 for a default `ray start`, so a driver given `env` and no RAY_ADDRESS finds it the way it
 would find the machine's cluster, while the real `/tmp/ray` record stays untouched. The head
 runs the dashboard (on a free port, 127.0.0.1): Ray Train's placement-group cleaner needs
-its state API to notice a dead controller.
+its state API to notice a dead controller. Its GCS checks the nodes' raylets every second
+(HEALTH_CHECK), so a killed node is declared dead in about 5 s rather than Ray's 15.
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ class Node:
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=30)
+
+
+# How the head's GCS checks that each node's raylet lives (Ray's system config). A killed node's
+# raylet refuses the check at once, so it is declared dead after `failure_threshold` periods:
+# 3 s x 5 = 15 s by Ray's defaults, 1 s x 5 = 5 s here, and only then do its actors die and the
+# job restart without it. A raylet that is alive but slow (a loaded machine) has to miss 5 checks
+# in a row, each waiting Ray's own timeout, before it is declared dead, as with the defaults.
+HEALTH_CHECK = {"health_check_period_ms": 1000, "health_check_failure_threshold": 5}
 
 
 @dataclass
@@ -98,7 +107,7 @@ class LocalCluster:
         self._spawn("head", ["--head", f"--port={port}", "--node-ip-address=127.0.0.1", f"--num-cpus={self.head_cpus}",
                              f"--num-gpus={self.head_gpus}", f"--resources={json.dumps(self.head_resources)}", "--include-dashboard=true",
                              "--dashboard-host=127.0.0.1", f"--dashboard-port={free_port()}",
-                             f"--temp-dir={self.temp_dir}",
+                             f"--temp-dir={self.temp_dir}", f"--system-config={json.dumps(HEALTH_CHECK)}",
                              *self._ports()])
         self.wait_nodes(1, timeout)
         return self

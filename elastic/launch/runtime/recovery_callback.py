@@ -8,6 +8,7 @@ were redone. Uses Ray Train's ControllerCallback hooks (a DeveloperAPI in Ray 2.
 
 from __future__ import annotations
 
+import os
 import time
 
 from ray.train.v2._internal.execution.callback import ControllerCallback
@@ -35,6 +36,9 @@ class RecoveryEventsCallback(ControllerCallback):
         if type(previous_state) is type(current_state):
             return  # RunningState → RunningState every poll: not an event
         rec = {"event": "controller_state", "from": type(previous_state).__name__, "to": type(current_state).__name__}
+        if rec["from"] == "InitializingState":  # how often this controller polls (lean_train.POLL_S): the
+            # latency of every end, failure and checkpoint registration it sees
+            rec["poll_s"] = float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2.0"))
         err = getattr(current_state, "training_failed_error", None)
         if err is not None:
             rec["error"] = str(err).strip().splitlines()[-1][:300] if str(err).strip() else type(err).__name__
