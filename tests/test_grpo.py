@@ -231,7 +231,7 @@ def test_grpo_resizes_and_survives_a_node_loss(policy, baseline, tmp_path):
     storage = str(tmp_path / "runs")
     extra = {"scaling.min_workers": 1, "scaling.max_workers": 2, "scaling.resources_per_worker": "{trainer: 1}",
              "scaling.elastic_resize_monitor_interval_s": 3, "scaling.max_failures": 10,
-             "scaling.worker_group_start_timeout_s": 20}
+             "scaling.worker_group_start_timeout_s": 10}  # as elastic/launch/drill.py, for the same reason
     cluster = LocalCluster(head_cpus=4, head_resources={"trainer": 1},
                            env={"PYTHONPATH": str(REPO), "RAY_TRAIN_ENABLE_STATE_TRACKING": "0"}).start()
     try:

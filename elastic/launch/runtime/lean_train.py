@@ -13,7 +13,9 @@ start-up, docs/benchmarks.md). Left out:
   - for a fixed-size run, the autoscaling coordinator, through which a run asks an autoscaler
     for nodes. The controller waited for it before scheduling any worker (up to 5 s). An elastic
     run (min_workers < max_workers) keeps it: its scaling policy sizes the group from the
-    coordinator's answer.
+    coordinator's answer, asked with a fresh view of the cluster (FreshElasticScalingPolicy).
+
+Its controller polls the workers every POLL_S (0.5 s) rather than Ray Train's 2 s.
 
 The services are matched by class name, so a Ray without them, or one that builds them some
 other way, keeps its own defaults. Private Ray Train API (a DeveloperAPI in Ray 2.5x/2.60).
@@ -105,10 +107,67 @@ try:  # the elastic policy (Ray 2.5x/2.60)
 except ImportError:
     ElasticScalingPolicy = None
 
-if ElasticScalingPolicy is not None:
-    class UnitElasticScalingPolicy(ElasticScalingPolicy):
-        """Elastic sizes in whole units of `unit` workers (`parallel.tp`): a group of 3 when tp
-        is 2 would hold a rank without its tensor-parallel peer. The workers the cluster can hold
+
+def _coordinator_recomputes() -> bool:
+    """Whether this Ray's autoscaling coordinator can answer from a fresh view of the cluster
+    (`get_reserved_resources(..., recompute=True)`, Ray 2.60)."""
+    try:
+        import inspect
+
+        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import _AutoscalingCoordinatorActor
+
+        return "recompute" in inspect.signature(_AutoscalingCoordinatorActor.get_reserved_resources).parameters
+    except Exception:  # noqa: BLE001 - another Ray: its own policy stays
+        return False
+
+
+if ElasticScalingPolicy is not None and _coordinator_recomputes():
+    import logging
+
+    import ray
+
+    from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client import \
+        AUTOSCALING_REQUESTS_GET_TIMEOUT_S
+    from ray.train.v2._internal.util import time_monotonic
+
+    class FreshElasticScalingPolicy(ElasticScalingPolicy):
+        """ElasticScalingPolicy that sizes the group from the cluster as it is now.
+
+        Ray Train's policy asks Ray Data's autoscaling coordinator which resources it holds for
+        the run, and the coordinator refreshes its view of the cluster's nodes every 20 s (its
+        tick). So a node that joined could be used up to 20 s late, and a restart could count a
+        node the GCS had already declared dead, then wait out
+        `scaling.worker_group_start_timeout_s` for its placement group before the right size was
+        tried. Here every decision asks with `recompute=True` (a fresh `ray.nodes()`, one GCS
+        call): once per `scaling.elastic_resize_monitor_interval_s` while the group runs, and at
+        each restart. (A node whose loss a collective reports before the GCS has declared it
+        dead is still counted at the first restart: that wait remains.)"""
+
+        def _get_reserved_resources(self):
+            now = time_monotonic()
+            if now - self._latest_reserved_resources_query_time < self.GET_RESERVED_RESOURCES_INTERVAL_S:
+                return self._latest_reserved_resources
+            reserved = None
+            try:
+                reserved = ray.get(self._autoscaling_coordinator.get_reserved_resources.remote(self._requester_id,
+                                                                                              recompute=True),
+                                   timeout=AUTOSCALING_REQUESTS_GET_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - as Ray's own: no resize this time, the next poll asks again
+                logging.getLogger(__name__).warning("could not get the run's reserved resources; no resize this time",
+                                                    exc_info=True)
+            finally:
+                self._latest_reserved_resources_query_time = time_monotonic()
+                self._latest_reserved_resources = reserved
+            return reserved
+else:
+    FreshElasticScalingPolicy = ElasticScalingPolicy
+
+if FreshElasticScalingPolicy is not None:
+    class UnitElasticScalingPolicy(FreshElasticScalingPolicy):
+        """The policy of every elastic run (min_workers < max_workers): sizes from the cluster as it
+        is now (FreshElasticScalingPolicy), in whole units of `unit` workers (`parallel.tp`; 1
+        without tensor parallelism): a group of 3 when tp is 2 would hold a rank without its
+        tensor-parallel peer. The workers the cluster can hold
         are rounded down to a multiple of the unit (below min_workers the policy waits, as for
         any shortage); each time that leaves workers out, one `layout_wait` event says so and
         the console prints it."""
@@ -151,7 +210,7 @@ class LeanTorchTrainer(TorchTrainer):
         policy = kwargs.get("scaling_policy")
         if self.private and LocalFixedScalingPolicy is not None and type(policy) is FixedScalingPolicy:
             kwargs["scaling_policy"] = LocalFixedScalingPolicy(policy.scaling_config)
-        if self.worker_unit > 1 and UnitElasticScalingPolicy is not None and type(policy) is ElasticScalingPolicy:
+        if UnitElasticScalingPolicy is not None and type(policy) is ElasticScalingPolicy:
             kwargs["scaling_policy"] = UnitElasticScalingPolicy(policy.scaling_config, self.worker_unit, self.events_path)
         if _run_controller is None:  # another Ray: its own method (no abort on a stop)
             return super()._initialize_and_run_controller(**kwargs)
