@@ -23,8 +23,8 @@ def test_scale_up_down_and_worker_kill_in_one_run(tmp_path):
     assert transitions == [("resize", 1, 2), ("failure", 2, 1), ("failure", 1, 1)], transitions
     assert all(x["recovery_s"] is not None and x["recovery_s"] > 0 for x in restarts)
     # Redone steps: those after the last *registered* checkpoint. Ray Train's controller registers
-    # a reported checkpoint on its next poll (every 0.5 s, lean_train.POLL_S; Ray's default 2 s), and these steps take ~0.3 s, so up to a few
-    # steps beyond the 2-step checkpoint interval can be redone; more would mean a lost checkpoint.
+    # a reported checkpoint on its next poll (every 0.5 s, lean_train.POLL_S; Ray's default 2 s), and
+    # these steps take ~0.3 s, so up to a few steps beyond the 2-step checkpoint interval can be redone; more would mean a lost checkpoint.
     assert all(x["steps_redone"] <= 8 for x in restarts), restarts
     led = r["ledger"]
     assert led["ok"], led

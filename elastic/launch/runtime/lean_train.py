@@ -44,11 +44,12 @@ RUNNING: list = []
 # last step (up to 2 s), and as long again for every failure noticed; a poll is one actor call per
 # worker, and a missed one (slower than the interval) only waits for the next: Ray Train fails a
 # worker after 10 minutes of missed polls, not one.
-POLL_ENV, POLL_S = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", 0.5
+POLL_S = 0.5
 
 try:  # Ray 2.5x/2.60's controller start, with the handle kept (TorchTrainer._initialize_and_run_controller)
     import ray
     from ray._common.constants import RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR
+    from ray.train.v2._internal.constants import HEALTH_CHECK_INTERVAL_S_ENV_VAR
     from ray.train.v2._internal.execution.controller import TrainController
     from ray.train.v2.api.data_parallel_trainer import (DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE,
                                                         get_env_vars_to_propagate)
@@ -56,7 +57,7 @@ try:  # Ray 2.5x/2.60's controller start, with the handle kept (TorchTrainer._in
     def _run_controller(**kwargs):
         env_vars = get_env_vars_to_propagate()
         env_vars.setdefault(RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_ENV_VAR, DEFAULT_RAY_WARN_BLOCKING_GET_INSIDE_ASYNC_VALUE)
-        env_vars.setdefault(POLL_ENV, str(POLL_S))  # the user's own value, when set, is propagated above
+        env_vars.setdefault(HEALTH_CHECK_INTERVAL_S_ENV_VAR, str(POLL_S))  # the user's own value, when set, is propagated above
         cls = ray.remote(num_cpus=0, label_selector={ray._raylet.RAY_NODE_ID_KEY: ray.get_runtime_context().get_node_id()},
                          runtime_env={"env_vars": env_vars})(TrainController)
         controller = cls.remote(**kwargs)

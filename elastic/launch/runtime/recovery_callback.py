@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 
+from ray.train.v2._internal.constants import DEFAULT_HEALTH_CHECK_INTERVAL_S, HEALTH_CHECK_INTERVAL_S_ENV_VAR
 from ray.train.v2._internal.execution.callback import ControllerCallback
 
 from elastic.records import append_record
@@ -38,7 +39,7 @@ class RecoveryEventsCallback(ControllerCallback):
         rec = {"event": "controller_state", "from": type(previous_state).__name__, "to": type(current_state).__name__}
         if rec["from"] == "InitializingState":  # how often this controller polls (lean_train.POLL_S): the
             # latency of every end, failure and checkpoint registration it sees
-            rec["poll_s"] = float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2.0"))
+            rec["poll_s"] = float(os.environ.get(HEALTH_CHECK_INTERVAL_S_ENV_VAR, DEFAULT_HEALTH_CHECK_INTERVAL_S))
         err = getattr(current_state, "training_failed_error", None)
         if err is not None:
             rec["error"] = str(err).strip().splitlines()[-1][:300] if str(err).strip() else type(err).__name__
