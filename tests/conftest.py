@@ -32,18 +32,17 @@ def ray_local():
     """
     import ray
 
-    from elastic.launch.runtime.cluster import PRIVATE_SYSTEM_CONFIG, start_private, stop_log_monitor
+    from elastic.launch.runtime.cluster import start_private_instance
 
     if ray.is_initialized():
         ray.shutdown()
-    # Started as lean as a job's private instance (elastic/launch/runtime/cluster.py): no
-    # prestarted idle workers, autoscaler monitor or log monitor (the log monitor polls every
-    # worker's log files for the whole session: ~3% of a core here, for nothing with
-    # log_to_driver=False), and tried again if its node start times out on the busy machine.
-    start_private(lambda: ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False,
-                                   runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"], "WANDB_MODE": "disabled"}},
-                                   _system_config=PRIVATE_SYSTEM_CONFIG))
-    stop_log_monitor()
+    # Started exactly as a job's own private instance (elastic/launch/runtime/cluster.py): no
+    # prestarted idle workers, autoscaler monitor or log monitor, without Ray Train's metrics
+    # export and preemption watcher, tried again if its node start times out on the busy machine;
+    # and the jobs tests run on it are lean as on their own instance (no placement-group cleaner
+    # or autoscaling coordinator for a fixed-size run: lean_train.PrivateTorchTrainer). Each of
+    # those is a process per job: 2-3 CPU-seconds of start-up on the 2-core machine.
+    start_private_instance(4, {"PYTHONPATH": os.environ["PYTHONPATH"], "WANDB_MODE": "disabled"})
     yield ray
     ray.shutdown()
 

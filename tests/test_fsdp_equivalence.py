@@ -110,7 +110,7 @@ def test_fsdp_hsdp_and_tp_match_single_process_and_meta_init_matches_host_init(r
     TP 2 (tensor + sequence parallel, tied embeddings); TP 2 alone with an untied output and
     Qwen3's q/k norms (one weight shared by the heads that the tp ranks split)."""
     from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from elastic.launch.runtime.lean_train import PrivateTorchTrainer as TorchTrainer  # as jobs run (on ray_local)
 
     out = str(tmp_path / "fsdp.pt")
     TorchTrainer(fsdp_worker, train_loop_config={"out": out, **par},

@@ -107,7 +107,7 @@ def worker(config):
 
 def test_fsdp_generation_matches_single_process(ray_local, tmp_path):
     from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from elastic.launch.runtime.lean_train import PrivateTorchTrainer as TorchTrainer  # as jobs run (on ray_local)
 
     ref_model = build_model()
     stop = stop_token(ref_model)

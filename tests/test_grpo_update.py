@@ -100,7 +100,7 @@ def grpo_worker(config):
 
 def test_grpo_update_two_workers_match_single_process(ray_local, tmp_path):
     from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from elastic.launch.runtime.lean_train import PrivateTorchTrainer as TorchTrainer  # as jobs run (on ray_local)
 
     aggs = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm"]
     out = str(tmp_path / "grpo.pt")

@@ -78,7 +78,7 @@ def save_worker(config):
 
 def _write_checkpoints(root: Path, world: int) -> Path:
     from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from elastic.launch.runtime.lean_train import PrivateTorchTrainer as TorchTrainer  # as jobs run (on ray_local)
 
     from elastic.data.tokenizer import train_bpe
     from tests.hf_helpers import TEXT

@@ -56,7 +56,7 @@ def reshard_worker(config):
 
 def _fit(tmp_path, name, workers, config):
     from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
+    from elastic.launch.runtime.lean_train import PrivateTorchTrainer as TorchTrainer  # as jobs run (on ray_local)
 
     TorchTrainer(reshard_worker, train_loop_config=config,
                  scaling_config=ScalingConfig(num_workers=workers, use_gpu=False, resources_per_worker={"CPU": 1}),

@@ -247,6 +247,28 @@ def private_instance() -> bool:
     return bool(_private_address) and ray.is_initialized() and ray.get_runtime_context().gcs_address == _private_address[-1]
 
 
+def start_private_instance(num_cpus: int, env_vars: Dict[str, str]) -> str:
+    """Start this process's private instance (the module docstring says what it leaves out) with
+    `num_cpus` logical CPUs and `env_vars` for every process of its jobs; returns its GCS address.
+    Jobs this process runs on it afterwards run as on a job's own instance (`private_instance`):
+    `connect` starts one this way, and so does a program that runs several jobs on one instance
+    of its own (the test suite's session cluster, tests/conftest.py)."""
+    import ray
+
+    choose_token_auth()
+    quiet_train = private_instance_env()
+    for k, v in quiet_train.items():  # the driver reads some, the controller actor the others
+        os.environ.setdefault(k, v)
+    start_private(lambda: ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                                   runtime_env={"env_vars": {**quiet_train, **env_vars}},
+                                   _system_config=PRIVATE_SYSTEM_CONFIG, log_to_driver=False,
+                                   logging_level=logging.WARNING))
+    stop_log_monitor()  # (when without_daemons could not keep it from starting)
+    address = ray.get_runtime_context().gcs_address
+    _private_address.append(address)
+    return address
+
+
 def connect(choice: ClusterChoice, num_cpus: int, env_vars: Dict[str, str]) -> ClusterChoice:
     """Start or join the chosen cluster; returns the choice with its address filled in.
 
@@ -266,15 +288,7 @@ def connect(choice: ClusterChoice, num_cpus: int, env_vars: Dict[str, str]) -> C
         elif choice.kind == RECORDED:
             ray.init(address=choice.address, runtime_env={"env_vars": env_vars}, **quiet)
         else:
-            choose_token_auth()
-            quiet_train = private_instance_env()
-            for k, v in quiet_train.items():  # the driver reads some, the controller actor the others
-                os.environ.setdefault(k, v)
-            start_private(lambda: ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
-                                           runtime_env={"env_vars": {**quiet_train, **env_vars}},
-                                           _system_config=PRIVATE_SYSTEM_CONFIG, **quiet))
-            stop_log_monitor()  # (when without_daemons could not keep it from starting)
-            _private_address.append(ray.get_runtime_context().gcs_address)
+            start_private_instance(num_cpus, env_vars)
         reinstall()  # ray.init replaced the SIGTERM handler of an entry point (stop.py)
     except (ConnectionError, RuntimeError, ValueError) as e:
         where = f"the cluster at {choice.address} ({choice.kind})" if choice.address else "a private local Ray instance"
