@@ -247,6 +247,11 @@ def private_instance() -> bool:
     return bool(_private_address) and ray.is_initialized() and ray.get_runtime_context().gcs_address == _private_address[-1]
 
 
+# Every `ray.init` of a job: worker output stays in the session's log files, Ray's own lines at
+# WARNING and above (the driver shows its own progress line instead).
+QUIET_INIT = dict(log_to_driver=False, logging_level=logging.WARNING)
+
+
 def start_private_instance(num_cpus: int, env_vars: Dict[str, str]) -> str:
     """Start this process's private instance (the module docstring says what it leaves out) with
     `num_cpus` logical CPUs and `env_vars` for every process of its jobs; returns its GCS address.
@@ -261,8 +266,7 @@ def start_private_instance(num_cpus: int, env_vars: Dict[str, str]) -> str:
         os.environ.setdefault(k, v)
     start_private(lambda: ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
                                    runtime_env={"env_vars": {**quiet_train, **env_vars}},
-                                   _system_config=PRIVATE_SYSTEM_CONFIG, log_to_driver=False,
-                                   logging_level=logging.WARNING))
+                                   _system_config=PRIVATE_SYSTEM_CONFIG, **QUIET_INIT))
     stop_log_monitor()  # (when without_daemons could not keep it from starting)
     address = ray.get_runtime_context().gcs_address
     _private_address.append(address)
@@ -281,12 +285,11 @@ def connect(choice: ClusterChoice, num_cpus: int, env_vars: Dict[str, str]) -> C
 
     if choice.kind == CONNECTED:
         return choice
-    quiet = dict(log_to_driver=False, logging_level=logging.WARNING)
     try:
         if choice.kind == FROM_ENV:
-            ray.init(address=choice.address, **quiet)
+            ray.init(address=choice.address, **QUIET_INIT)
         elif choice.kind == RECORDED:
-            ray.init(address=choice.address, runtime_env={"env_vars": env_vars}, **quiet)
+            ray.init(address=choice.address, runtime_env={"env_vars": env_vars}, **QUIET_INIT)
         else:
             start_private_instance(num_cpus, env_vars)
         reinstall()  # ray.init replaced the SIGTERM handler of an entry point (stop.py)
