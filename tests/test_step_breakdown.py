@@ -1,11 +1,14 @@
 """The step-time breakdown, the stability guard and on-demand profiling, through the real job.
 
-One small 2-worker run (jobs/pretrain.py as a user runs it) with a NaN injected into the loss
-of one step, a profiler trace of two steps and communication sampled every other step; then a
-run whose loss is NaN for several consecutive steps, which must stop cleanly on its own with
-its last good checkpoint intact.
+One small 2-worker run with a NaN injected into the loss of one step, a profiler trace of two
+steps and communication sampled every other step; a run made input-bound on purpose; both on
+the session's cluster, the faults set in the driver's environment (elastic/launch/driver.py
+fault_env carries them to the train workers and the store's tasks). Then a run whose loss is
+NaN for several consecutive steps, launched as a user runs it (jobs/pretrain.py), which must
+stop cleanly on its own with its last good checkpoint intact, one line and exit code 5.
 """
 
+import io
 import json
 import os
 import subprocess
@@ -24,12 +27,24 @@ def _run(overrides, env_extra, timeout=600):
     return subprocess.run(args, capture_output=True, text=True, env=env, timeout=timeout)
 
 
-def test_breakdown_guard_and_profile(tmp_path):
+def _run_here(overrides, monkeypatch, faults):
+    """The run in this process, on the session's cluster, with `faults` in the driver's
+    environment; returns its console."""
+    from elastic.config import load_config
+    from elastic.launch.pretrain import run_pretraining
+
+    for k, v in faults.items():
+        monkeypatch.setenv(k, v)
+    out = io.StringIO()
+    run_pretraining(load_config(None, overrides), out=out, progress=False)
+    return out.getvalue()
+
+
+def test_breakdown_guard_and_profile(ray_local, tmp_path, monkeypatch):
     corpus = make_text_corpus(tmp_path / "corpus")
     store = tmp_path / "runs"
     ov = small_run_overrides(store, "bd", corpus, 8, **{"train.comm_sample_every": 2, "train.profile_steps": "5:6"})
-    p = _run(ov, {"ELASTIC_FAULT_NAN_STEPS": "3"})
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    _run_here(ov, monkeypatch, {"ELASTIC_FAULT_NAN_STEPS": "3"})
     run = store / "bd"
     recs = read_jsonl(run / "metrics.jsonl")
     assert [r["step"] for r in recs] == list(range(1, 9))
@@ -88,15 +103,14 @@ def test_consecutive_nans_stop_the_run_with_its_checkpoint_intact(tmp_path):
     assert len(stops) == 1 and stops[0]["step"] == 7
 
 
-def test_an_input_bound_run_is_named_input(tmp_path):
+def test_an_input_bound_run_is_named_input(ray_local, tmp_path, monkeypatch):
     """A real run made input-bound on purpose (every batch arrives 1 s late, as from a slow
     filesystem): the report names the input pipeline, with the data-wait share as evidence."""
     corpus = make_text_corpus(tmp_path / "corpus")
     store = tmp_path / "runs"
-    p = _run(small_run_overrides(store, "slow", corpus, 6), {"ELASTIC_FAULT_DATA_DELAY_S": "1.0"})
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    console = _run_here(small_run_overrides(store, "slow", corpus, 6), monkeypatch, {"ELASTIC_FAULT_DATA_DELAY_S": "1.0"})
     recs = read_jsonl(store / "slow" / "metrics.jsonl")
     assert all(r["data_wait_s"] > 0.3 * r["step_s"] for r in recs[1:]), [(r["data_wait_s"], r["step_s"]) for r in recs]
     verdict = json.loads((store / "slow" / "bottleneck.json").read_text())
     assert verdict["name"] == "input", verdict
-    assert "[elastic] bottleneck: input" in p.stdout
+    assert "[elastic] bottleneck: input" in console

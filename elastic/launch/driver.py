@@ -78,6 +78,16 @@ def worker_env() -> dict:
 # bench/step_overhead.py on 2 cores (docs/benchmarks.md, "step inside the product").
 JOB_WORK_ENV = {"RAY_worker_niceness": "0"}
 TRAIN_WORKER_ENV = {**JOB_WORK_ENV, "OMP_NUM_THREADS": "1"}  # OMP_NUM_THREADS: see worker_env
+FAULT_PREFIX = "ELASTIC_FAULT_"
+
+
+def fault_env() -> Dict[str, str]:
+    """The driver's ELASTIC_FAULT_* variables (fault injection for tests and drills: a NaN loss, a
+    late batch, a stalled checkpoint write, a killed rollout actor), for every process the job
+    starts (train workers, the store builder's tasks, rollout actors). A cluster's processes
+    inherit the environment of the node that started them, not the driver's, so a fault set
+    for one job reaches its processes on any cluster, and only that job's."""
+    return {k: v for k, v in os.environ.items() if k.startswith(FAULT_PREFIX)}
 
 
 def abort_running() -> None:
@@ -174,7 +184,7 @@ def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_c
                              checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
                              failure_config=FailureConfig(max_failures=s.max_failures),
                              callbacks=[RecoveryEventsCallback(os.path.join(paths.records_dir, "events.jsonl"))],
-                             worker_runtime_env={"env_vars": TRAIN_WORKER_ENV}),
+                             worker_runtime_env={"env_vars": {**TRAIN_WORKER_ENV, **fault_env()}}),
         **trainer_kwargs,
     )
     # Elastic sizes in whole tensor-parallel groups (lean_train.UnitElasticScalingPolicy).

@@ -6,14 +6,13 @@ starts tokenizing from the latest checkpoint's position while the worker group s
 
 from __future__ import annotations
 
-import os
 from typing import Optional, TextIO
 
 from elastic.config import Config
 from elastic.data.cursor import Cursor
 from elastic.data.pipeline import DataPlan
 from elastic.launch.data_plans import JobData, plan_job_data
-from elastic.launch.driver import JOB_WORK_ENV, JobLaunch, JobResult, RunPaths, build_torch_trainer, run_job
+from elastic.launch.driver import JOB_WORK_ENV, JobLaunch, JobResult, RunPaths, build_torch_trainer, fault_env, run_job
 from elastic.train import checkpoint_files as ckpt_lib
 # Imported here, before any Ray activity: under `ray job submit` the job's working dir can be
 # unpacked again while this driver runs (seen: a lazy import right after the store builder
@@ -40,8 +39,7 @@ def start_store(cfg: Config, plan: DataPlan, paths: RunPaths, eval_plan: Optiona
 
     mixed = isinstance(plan, MixturePlan)
     plans = {**(plan.store_plans() if mixed else {"train": plan}), **({"eval": eval_plan} if eval_plan is not None else {})}
-    faults = {k: v for k, v in os.environ.items() if k.startswith("ELASTIC_FAULT_")}
-    store = start_builder(plans, cache_root(paths), cfg.data.build_ahead, task_env={**JOB_WORK_ENV, **faults},
+    store = start_builder(plans, cache_root(paths), cfg.data.build_ahead, task_env={**JOB_WORK_ENV, **fault_env()},
                           actors=cfg.data.tokenize_actors)
     found = ckpt_lib.latest_complete(paths.run_dir)
     saved = found[1]["cursor"] if found else {}

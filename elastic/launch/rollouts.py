@@ -17,7 +17,7 @@ import sys
 from typing import Any, Dict, Optional
 
 from elastic.config import Config
-from elastic.launch.driver import JOB_WORK_ENV
+from elastic.launch.driver import JOB_WORK_ENV, fault_env
 from elastic.rl.rollout import NAMESPACE, coordinator_name
 from elastic.rl.rollout.coordinator import RolloutCoordinator
 
@@ -29,9 +29,8 @@ def worker_options(cfg: Config) -> Dict[str, Any]:
     on the actor's main thread (it sets its torch threads itself), and the driver's
     ELASTIC_FAULT_* variables (fault injection in tests and drills)."""
     ro = cfg.rl.rollout
-    faults = {k: v for k, v in os.environ.items() if k.startswith("ELASTIC_FAULT_")}
     opts: Dict[str, Any] = {"num_cpus": ro.cpus_per_worker, "max_restarts": 0,
-                            "runtime_env": {"env_vars": {**JOB_WORK_ENV, "OMP_NUM_THREADS": "1", **faults}}}
+                            "runtime_env": {"env_vars": {**JOB_WORK_ENV, "OMP_NUM_THREADS": "1", **fault_env()}}}
     if ro.gpus_per_worker > 0:
         opts["num_gpus"] = ro.gpus_per_worker
     return opts
