@@ -148,9 +148,9 @@ def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_c
     failure retries, the recovery-events callback. `loop_config` adds job inputs to the
     train_loop_config (which always carries the config, run paths and the device choice)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig
 
     from elastic.launch.runtime.lean_train import trainer_class
+    from elastic.launch.runtime.process_group import ProcessGroupConfig
     from elastic.launch.runtime.recovery_callback import RecoveryEventsCallback
 
     s = cfg.scaling
@@ -179,7 +179,7 @@ def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_c
         # The process-group backend: Ray Train's choice (NCCL on GPU workers, gloo otherwise)
         # unless ELASTIC_TORCH_BACKEND names one, e.g. gloo to run a GPU-shaped job on a cluster
         # that advertises GPUs it does not have (tests/test_fit_gpus.py).
-        torch_config=TorchConfig(backend=os.environ.get("ELASTIC_TORCH_BACKEND") or None),
+        torch_config=ProcessGroupConfig(backend=os.environ.get("ELASTIC_TORCH_BACKEND") or None),
         run_config=RunConfig(name=cfg.run.name, storage_path=storage,
                              checkpoint_config=CheckpointConfig(num_to_keep=cfg.checkpoint.keep_last),
                              failure_config=FailureConfig(max_failures=s.max_failures),
@@ -187,7 +187,7 @@ def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_c
                              worker_runtime_env={"env_vars": {**TRAIN_WORKER_ENV, **fault_env()}}),
         **trainer_kwargs,
     )
-    # Elastic sizes in whole tensor-parallel groups (lean_train.UnitElasticScalingPolicy).
+    # Elastic sizes in whole tensor-parallel groups (runtime/scaling_policies.UnitElasticScalingPolicy).
     trainer.worker_unit = cfg.parallel.tp
     trainer.events_path = os.path.join(paths.records_dir, "events.jsonl")
     return trainer

@@ -15,7 +15,9 @@ start-up, docs/benchmarks.md). Left out:
     run (min_workers < max_workers) keeps it: its scaling policy sizes the group from the
     coordinator's answer, asked with a fresh view of the cluster (FreshElasticScalingPolicy).
 
-Its controller polls the workers every POLL_S (0.5 s) rather than Ray Train's 2 s.
+Its controller polls the workers every POLL_S (0.5 s) rather than Ray Train's 2 s, and its
+process never imports torch: the backend config is ProcessGroupConfig (runtime/process_group.py)
+and the scaling policies live in runtime/scaling_policies.py, both torch-free.
 
 The services are matched by class name, so a Ray without them, or one that builds them some
 other way, keeps its own defaults. Private Ray Train API (a DeveloperAPI in Ray 2.5x/2.60).
@@ -25,10 +27,10 @@ from __future__ import annotations
 
 from ray.train.torch import TorchTrainer
 
-try:  # the fixed policy and its coordinator calls (Ray 2.5x/2.60)
-    from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
-except ImportError:  # another Ray: its own policy stays
-    FixedScalingPolicy = None
+from elastic.launch.runtime.process_group import ProcessGroupConfig
+from elastic.launch.runtime.scaling_policies import (ElasticScalingPolicy, FixedScalingPolicy, LocalFixedScalingPolicy,
+                                                     UnitElasticScalingPolicy)
+
 
 # The running controller, so a stopped driver can abort it before `ray.shutdown` (stop.py's
 # `disconnect`): `fit` runs in a helper thread (stop.call_interruptibly) blocked in a Ray call
@@ -84,121 +86,17 @@ UNUSED_CALLBACKS = ("DatasetsCallback",)
 UNUSED_PRIVATE_CALLBACKS = ("PlacementGroupCleanerCallback",)
 
 
-if FixedScalingPolicy is not None:
-    class LocalFixedScalingPolicy(FixedScalingPolicy):
-        """FixedScalingPolicy that asks no autoscaler for nodes (a private instance has none)."""
-
-        def after_controller_start(self, train_run_context) -> None:
-            self._requester_id = f"train-{train_run_context.run_id}"
-
-        def _maybe_send_resource_request(self) -> None:
-            pass
-
-        def _send_resource_request(self) -> None:
-            pass
-
-        def _cancel_resource_request(self) -> None:
-            pass
-else:
-    LocalFixedScalingPolicy = None
-
-
-try:  # the elastic policy (Ray 2.5x/2.60)
-    from ray.train.v2._internal.execution.scaling_policy.elastic import ElasticScalingPolicy
-except ImportError:
-    ElasticScalingPolicy = None
-
-
-def _coordinator_recomputes() -> bool:
-    """Whether this Ray's autoscaling coordinator can answer from a fresh view of the cluster
-    (`get_reserved_resources(..., recompute=True)`, Ray 2.60)."""
-    try:
-        import inspect
-
-        from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import _AutoscalingCoordinatorActor
-
-        return "recompute" in inspect.signature(_AutoscalingCoordinatorActor.get_reserved_resources).parameters
-    except Exception:  # noqa: BLE001 - another Ray: its own policy stays
-        return False
-
-
-if ElasticScalingPolicy is not None and _coordinator_recomputes():
-    import logging
-
-    import ray
-
-    from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client import \
-        AUTOSCALING_REQUESTS_GET_TIMEOUT_S
-    from ray.train.v2._internal.util import time_monotonic
-
-    class FreshElasticScalingPolicy(ElasticScalingPolicy):
-        """ElasticScalingPolicy that sizes the group from the cluster as it is now.
-
-        Ray Train's policy asks Ray Data's autoscaling coordinator which resources it holds for
-        the run, and the coordinator refreshes its view of the cluster's nodes every 20 s (its
-        tick). So a node that joined could be used up to 20 s late, and a restart could count a
-        node the GCS had already declared dead, then wait out
-        `scaling.worker_group_start_timeout_s` for its placement group before the right size was
-        tried. Here every decision asks with `recompute=True` (a fresh `ray.nodes()`, one GCS
-        call): once per `scaling.elastic_resize_monitor_interval_s` while the group runs, and at
-        each restart. (A node whose loss a collective reports before the GCS has declared it
-        dead is still counted at the first restart: that wait remains.)"""
-
-        def _get_reserved_resources(self):
-            now = time_monotonic()
-            if now - self._latest_reserved_resources_query_time < self.GET_RESERVED_RESOURCES_INTERVAL_S:
-                return self._latest_reserved_resources
-            reserved = None
-            try:
-                reserved = ray.get(self._autoscaling_coordinator.get_reserved_resources.remote(self._requester_id,
-                                                                                              recompute=True),
-                                   timeout=AUTOSCALING_REQUESTS_GET_TIMEOUT_S)
-            except Exception:  # noqa: BLE001 - as Ray's own: no resize this time, the next poll asks again
-                logging.getLogger(__name__).warning("could not get the run's reserved resources; no resize this time",
-                                                    exc_info=True)
-            finally:
-                self._latest_reserved_resources_query_time = time_monotonic()
-                self._latest_reserved_resources = reserved
-            return reserved
-else:
-    FreshElasticScalingPolicy = ElasticScalingPolicy
-
-if FreshElasticScalingPolicy is not None:
-    class UnitElasticScalingPolicy(FreshElasticScalingPolicy):
-        """The policy of every elastic run (min_workers < max_workers): sizes from the cluster as it
-        is now (FreshElasticScalingPolicy), in whole units of `unit` workers (`parallel.tp`; 1
-        without tensor parallelism): a group of 3 when tp is 2 would hold a rank without its
-        tensor-parallel peer. The workers the cluster can hold
-        are rounded down to a multiple of the unit (below min_workers the policy waits, as for
-        any shortage); each time that leaves workers out, one `layout_wait` event says so and
-        the console prints it."""
-
-        def __init__(self, scaling_config, unit: int, events: str = ""):
-            super().__init__(scaling_config)
-            self.unit, self.events, self._said = unit, events, None
-
-        def _count_possible_workers(self, reserved_resources) -> int:
-            n = super()._count_possible_workers(reserved_resources)
-            used = n - n % self.unit
-            if used != n and self.events and self._said != n:
-                import time
-
-                from elastic.records import append_record
-
-                self._said = n
-                append_record(self.events, {"event": "layout_wait", "time": time.time(), "possible": n,
-                                            "used": used, "unit": self.unit})
-            return used
-else:
-    UnitElasticScalingPolicy = None
-
-
 class LeanTorchTrainer(TorchTrainer):
     """TorchTrainer without the dataset manager (when it has no datasets)."""
 
     private = False
     worker_unit = 1    # elastic sizes are multiples of this (parallel.tp): set by the driver
     events_path = ""   # where the unit policy says what it left out
+
+    def __init__(self, *args, torch_config=None, **kwargs):
+        # Ray's TorchConfig brings torch into the controller's process at every start (2.3 s on
+        # 2 cores); ProcessGroupConfig is the same setup without it (runtime/process_group.py).
+        super().__init__(*args, torch_config=torch_config or ProcessGroupConfig(), **kwargs)
 
     def _create_default_callbacks(self):
         callbacks = super()._create_default_callbacks()
