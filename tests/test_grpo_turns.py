@@ -66,8 +66,7 @@ def test_multi_turn_config_errors_are_one_line(tmp_path):
                          ({"rl.env": "my-envs.Counter"}, "rl.env"), ({"rl.env": "envs:Counter:x"}, "rl.env"),
                          ({"rl.env": ENV, "rl.tasks": ""}, "rl.tasks"),
                          ({"rl.env": ENV, "rl.eval_samples": 2, "rl.eval_k": "[1]"}, "rl.eval_samples"),
-                         ({"rl.env": ENV, "rl.rollout.placement": "disaggregated", "rl.rollout.workers": 1}, "rl.env"),
-                         ({"rl.env": ENV, "rl.turns": 1, "rl.rollout.placement": "disaggregated",
+                         ({"rl.env": ENV, "rl.turns": 1, "rl.algorithm": "ppo", "rl.rollout.placement": "disaggregated",
                            "rl.rollout.workers": 1}, "rl.env"),
                          ({"rl.env": ENV, "reward.function_timeout_s": 50}, "reward.function_timeout_s")):
         with pytest.raises(ConfigError) as e:
@@ -76,6 +75,8 @@ def test_multi_turn_config_errors_are_one_line(tmp_path):
     for algo in ("grpo", "ppo"):  # an environment's episodes run colocated with either, also at rl.turns 1
         assert _overrides(tmp_path, tmp_path / "base", "ok", 2, **{"rl.env": ENV, "rl.turns": 1,
                                                                    "rl.algorithm": algo}).rl.env == ENV
+    fleet = {"rl.rollout.placement": "disaggregated", "rl.rollout.workers": 1}  # and GRPO's on the rollout fleet
+    assert _overrides(tmp_path, tmp_path / "base", "ok", 2, **{"rl.env": ENV, "rl.turns": 1, **fleet}).rl.env == ENV
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +214,13 @@ def test_ppo_two_turn_episodes_run_with_a_critic(ray_local, tmp_path):
     on them. The run uses a user environment (rl.env HasE): its reset gives the first user message
     (the prompt trained on), its step every turn's reward and the next message. Marked slow: its
     own Ray Train launch (114 s on 2 busy cores, where the module fixture's GRPO run took 133 s;
-    with the environment 47-90 s, where that run took 85 s)."""
+    with the environment 47-90 s, where that run took 85 s).
+
+    Then the same environment on the rollout fleet: a 1-step GRPO run with 1 rollout actor at
+    max_staleness 0. Step 1's episodes come from the starting weights and the same seeds in
+    both runs, so the actor (which asks the service for the step's first messages itself, and
+    sizes the episodes from all of them) plays exactly the episodes the PPO trainer played:
+    first messages, transcripts, spans and every turn's verdict and message."""
     from elastic.launch.grpo import run_grpo
     from tests.hf_helpers import make_hf_dir
 
@@ -248,3 +255,21 @@ def test_ppo_two_turn_episodes_run_with_a_critic(ray_local, tmp_path):
         assert x["algorithm"] == "ppo" and np.isfinite(x["value_loss"]) and np.isfinite(x["returns_mean"])
         assert "pass_at_turn_2" in x and x["kl_coef"] == 0.05
     print("ppo turns", [(x["step"], x["turns_mean"], x["pass_at_turn_1"], x["pass_at_turn_2"], x["value_loss"]) for x in m])
+
+    fleet = _overrides(tmp_path, base, "fleet", 1, **{"rl.eval_every": 0, "rl.group_size": 2, "rl.micro_batch_size": 2,
+                                                      "checkpoint.every_steps": 1, "data.ledger": "false",
+                                                      "scaling.min_workers": 1, "scaling.max_workers": 1,
+                                                      "rl.rollout.placement": "disaggregated", "rl.rollout.workers": 1,
+                                                      "rl.rollout.cpus_per_worker": 0.5, "rl.max_staleness": 0,
+                                                      "rl.env": ENV})
+    res = run_grpo(fleet, progress=False)
+    assert res.checkpoint.endswith("step_00000001") and not res.stopped
+    played = {(r["step"], r["k"]): (r["first_message"], r["completion"], r["tokens"], r["policy_spans"], r["episode_end"],
+                                    json.dumps(r["turns"], sort_keys=True))
+              for r in read_jsonl(tmp_path / "runs" / "fleet" / "rollouts.jsonl")}
+    ppo_step1 = {(r["step"], r["k"]): (r["first_message"], r["completion"], r["tokens"], r["policy_spans"],
+                                       r["episode_end"], json.dumps(r["turns"], sort_keys=True))
+                 for r in rolls if r["step"] == 1}
+    assert sorted(played) == [(1, k) for k in range(4)] and played == ppo_step1
+    mf = read_jsonl(tmp_path / "runs" / "fleet" / "metrics.jsonl")
+    assert [x["step"] for x in mf] == [1] and mf[0]["rollout_fleet"] == 1 and "generate_s" not in mf[0]

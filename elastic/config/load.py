@@ -351,19 +351,15 @@ def _validate_rollout(rl) -> None:
 
 
 def _validate_turns(rl, cfg) -> None:
-    """Multi-turn settings (issue 44): GRPO runs episodes in either placement (the trainers or the
-    rollout fleet, elastic/rl/episodes.py), PPO colocated (its multi-turn run on the fleet is not
-    tested yet), a user environment (rl.env, either algorithm) colocated; on the static KV cache,
-    full weights, no draft."""
+    """Multi-turn settings (issue 44): GRPO runs episodes, a user environment's (rl.env) too, in
+    either placement (the trainers or the rollout fleet, elastic/rl/episodes.py), PPO colocated
+    (its episodes on the fleet are not tested yet); on the static KV cache, full weights, no draft."""
     _check(rl.turns >= 1, "rl.turns", f"must be >= 1 (1 = single turn), got {rl.turns}")
-    if rl.env:
-        _check(rl.rollout.placement == "colocated", "rl.env",
-               f"rl.env runs colocated (rl.rollout.placement colocated; the fleet's actors do not reset "
-               f"environments yet), got {rl.rollout.placement}")
-    if rl.turns > 1:
-        _check(rl.algorithm == "grpo" or rl.rollout.placement == "colocated", "rl.turns",
-               f"rl.turns > 1 with rl.algorithm {rl.algorithm} runs colocated (rl.rollout.placement colocated), "
-               f"got {rl.rollout.placement}")
+    if rl.turns > 1 or rl.env:
+        what = "rl.turns" if rl.turns > 1 else "rl.env"
+        _check(rl.algorithm == "grpo" or rl.rollout.placement == "colocated", what,
+               f"{'rl.turns > 1' if rl.turns > 1 else 'rl.env'} with rl.algorithm {rl.algorithm} runs colocated "
+               f"(rl.rollout.placement colocated), got {rl.rollout.placement}")
     if rl.turns > 1 or rl.env:  # episodes (an environment's too, at any rl.turns)
         what = "rl.turns > 1" if rl.turns > 1 else "rl.env"
         g = cfg.generation

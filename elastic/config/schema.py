@@ -561,8 +561,8 @@ class RLSection:
     # run on the reward pool's actors like reward.function (a raise or a hang is scored, never
     # fatal), replayed from reset for every turn, so it must be deterministic given the task and
     # the answers. It then scores every turn: reward.kind scores nothing, tasks come from
-    # rl.tasks (any row with an id and a prompt). Runs on the multi-turn path (colocated; GRPO or PPO)
-    # also at rl.turns 1. Empty: the verifiers of reward.kind score and give the feedback.
+    # rl.tasks (any row with an id and a prompt). Runs on the multi-turn path (GRPO in either
+    # placement, PPO colocated) also at rl.turns 1. Empty: the verifiers of reward.kind score and give the feedback.
     env: str = ""
     # Where rollouts are generated: colocated (the trainers) or disaggregated (a fleet of actors).
     rollout: RolloutSection = field(default_factory=RolloutSection)

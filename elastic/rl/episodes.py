@@ -113,6 +113,27 @@ def first_messages(reward: Any, rows: Sequence[Dict[str, Any]], text_tokens: Cal
     return texts, prompts, failed
 
 
+def episode_setup(rl: Any, reward: Any, tok: Any, chat: ChatFormat, eos_id: int, text_tokens: Callable[[str], List[int]],
+                  max_seq_len: int, failure_reward: float, mine: Sequence[Dict[str, Any]],
+                  every: Sequence[Dict[str, Any]]) -> Tuple["TurnScorer", List[List[int]], List[Optional[str]], List[int]]:
+    """What a generation call of episodes needs, the same in both placements: (the TurnScorer of
+    the call's own episodes `mine`, their prompts, their first messages, the prompt lengths of
+    `every` episode of the step, every rank's or every unit's: the episodes' room comes from
+    these, so it depends neither on the world size nor on how the fleet cut the step). Heads are
+    {key, problem, seed, prompt}; `mine` is a subset of `every`. With rl.env the prompts are the
+    environments' first messages (first_messages, asked for `every` head: the service evaluates
+    a key once, so each caller gets the same answers; an episode that cannot start keeps its
+    prompt, None, and is answered sandbox_error), else the heads' own prompts and None."""
+    prompts, firsts, failed = [list(h["prompt"]) for h in every], [None] * len(every), {}
+    if rl.env:
+        firsts, prompts, failed = first_messages(reward, every, text_tokens, max_seq_len - rl.max_new_tokens,
+                                                 failure_reward)
+    at = {h["key"]: i for i, h in enumerate(every)}
+    idx = [at[h["key"]] for h in mine]
+    scorer = TurnScorer(rl, reward, tok, chat, eos_id, mine, {j: failed[i] for j, i in enumerate(idx) if i in failed})
+    return scorer, [prompts[i] for i in idx], [firsts[i] for i in idx], [len(p) for p in prompts]
+
+
 class Feedback:
     """The next user message after a turn: the pool's ``Result.feedback`` (see the module
     docstring), its tokens capped here, where the tokenizer is."""

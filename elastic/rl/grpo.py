@@ -403,26 +403,11 @@ class GRPOJob(Job):
 
     def _episode_setup(self, mine: List[Dict[str, Any]], every: List[Dict[str, Any]]
                        ) -> Tuple[Any, List[List[int]], List[Optional[str]], List[int]]:
-        """(the TurnScorer of this rank's episodes `mine`, their prompts, their first messages, the
-        prompt lengths of `every` episode of the call, all ranks': the episodes' room comes from
-        these, so it does not depend on the world size). Heads are {key, problem, seed, prompt};
-        `mine` is a subset of `every`. With rl.env the prompts are the environments' first messages
-        (elastic/rl/episodes.py first_messages, asked once for `every` head: the service
-        evaluates a key once, each rank forgets its own; an episode that cannot start keeps its
-        prompt, None, and is answered sandbox_error), else the heads' own prompts and None."""
-        from elastic.rl.episodes import TurnScorer, first_messages
+        """elastic/rl/episodes.py episode_setup on this rank's episodes `mine` of the step's `every`."""
+        from elastic.rl.episodes import episode_setup
 
-        rl = self.rl
-        prompts, firsts, failed = [h["prompt"] for h in every], [None] * len(every), {}
-        if rl.env:
-            firsts, prompts, failed = first_messages(self.reward, every, self.planner.text_tokens,
-                                                     self.ctx.model.args.max_seq_len - rl.max_new_tokens,
-                                                     self.ctx.cfg.reward.failure_reward)
-        at = {h["key"]: i for i, h in enumerate(every)}
-        idx = [at[h["key"]] for h in mine]
-        scorer = TurnScorer(rl, self.reward, self.tok, self.chat, self.eos_id, mine,
-                            {j: failed[i] for j, i in enumerate(idx) if i in failed})
-        return scorer, [prompts[i] for i in idx], [firsts[i] for i in idx], [len(p) for p in prompts]
+        return episode_setup(self.rl, self.reward, self.tok, self.chat, self.eos_id, self.planner.text_tokens,
+                             self.ctx.model.args.max_seq_len, self.ctx.cfg.reward.failure_reward, mine, every)
 
     def _episode_result(self, r: Rollout) -> Any:
         """An episode's verdict: the last turn's status and speed-up, the episode reward of its
@@ -479,6 +464,8 @@ class GRPOJob(Job):
             r.behav_logp = np.asarray(g["logprobs"], np.float32)  # over all of `tokens` (0 on feedback)
             if g.get("turns") is not None:  # an episode: its turns were scored by the actor, verdicts included
                 _set_episode(r, g)
+            if "first_message" in g:  # rl.env: the environment's first message was the prompt
+                r.prompt, r.first_message = list(g["prompt"]), g["first_message"]
         self.reward.submit([(r.key, r.problem, decode_text(self.tok, r.tokens)) for r in rows if r.turns is None],
                            wait=False)
         self._gen_t0 = t0

@@ -282,7 +282,8 @@ class RolloutCoordinator:
         actor = self.workers[wid]
         res = None
         try:
-            res = await actor.generate.remote(t, v, self.versions[v], self.planner.rows(t, ks))
+            heads = self.planner.rows(t, range(self.planner.N)) if self.rl.env else None  # rl.env: the room
+            res = await actor.generate.remote(t, v, self.versions[v], self.planner.rows(t, ks), heads)
         except ray.exceptions.RayActorError as e:
             self.lost += 1
             self._event(event="rollout_worker_lost", worker=wid, pid=self.pids.get(wid), step=t + 1, unit=u,

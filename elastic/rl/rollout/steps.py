@@ -14,6 +14,16 @@ from elastic.rl.prompts import PromptStream, flat, group_of, rank_completions
 from elastic.rl.seeds import rollout_seed
 
 
+def message_tokens(rl: Any, tok: Any, chat: ChatFormat, eos_id: int, text: str) -> List[int]:
+    """A first user message as the policy's input: in the SFT chat format (rl.prompt_format=chat),
+    or the text as is (raw: base models, code continuation). The planner's prompts and, with
+    rl.env, the environment's first messages (on the trainers and on a rollout actor) come this way."""
+    if rl.prompt_format == "raw":
+        return list(tok.encode(text, add_special_tokens=True).ids)
+    segs = prompt_segments([{"role": "user", "content": text}], chat)
+    return tokenize_segments(segs, tok.encode_batch, int(eos_id))[0]
+
+
 class StepPlanner:
     """Rows of a step (see the module docstring) and which rank trains which."""
 
@@ -40,10 +50,7 @@ class StepPlanner:
     def text_tokens(self, text: str) -> List[int]:
         """A first user message as the policy's input (rl.prompt_format, as `prompt_tokens`; rl.env's
         reset message comes this way)."""
-        if self.rl.prompt_format == "raw":
-            return list(self.tok.encode(text, add_special_tokens=True).ids)
-        segs = prompt_segments([{"role": "user", "content": text}], self.chat)
-        return tokenize_segments(segs, self.tok.encode_batch, self.eos_id)[0]
+        return message_tokens(self.rl, self.tok, self.chat, self.eos_id, text)
 
     def prompts(self, step: int):
         return self.stream.step(step, self.rl.prompts_per_step)

@@ -12,9 +12,10 @@ With generation.weights int8 | int4 it generates, and computes those log-probabi
 weight-only quantized copy of its policy remade whenever it loads a version
 (elastic/generation/quantized.py): the behaviour policy is then the quantized one.
 
-With rl.turns > 1 a row is a whole episode (`_episodes`): the actor plays it against the reward
-service turn by turn, continuing from the KV cache, with the trainers' own scorer
-(elastic/rl/episodes.py), and returns the episode's tokens, policy spans and per-turn verdicts.
+With rl.turns > 1 or rl.env a row is a whole episode (`_episodes`): the actor plays it against the
+reward service turn by turn, continuing from the KV cache, with the trainers' own scorer
+(elastic/rl/episodes.py), and returns the episode's tokens, policy spans and per-turn verdicts;
+with rl.env also its prompt, the environment's first message (reset on the pool's actors).
 
 It knows nothing of the trainers or of Ray Train: weights arrive as object-store buckets
 (elastic/rl/rollout/weights.py).
@@ -26,6 +27,7 @@ import os
 import signal
 import time
 import warnings
+from functools import partial
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -109,11 +111,13 @@ class RolloutWorker:
         self.version = version
         return {"load_s": time.perf_counter() - t0, "load_bytes": float(nbytes)}
 
-    def generate(self, step: int, version: int, weights: Tuple[Any, List[Any]], rows: List[Dict[str, Any]]) -> Dict[str, Any]:
+    def generate(self, step: int, version: int, weights: Tuple[Any, List[Any]], rows: List[Dict[str, Any]],
+                 heads: Optional[List[Dict[str, Any]]] = None) -> Dict[str, Any]:
         """Generate one unit: rows of {k, prompt, seed, key, problem}. Returns {"rows": [{k,
         tokens, logprobs, truncated}], "version", "gen_s", "tokens", "load_s", "pid"}; with
-        rl.turns > 1 each row is a whole episode (`_episodes`) and also carries spans, turns and
-        episode_end."""
+        rl.turns > 1 or rl.env each row is a whole episode (`_episodes`) and also carries spans,
+        turns and episode_end, and with rl.env its prompt and first message. `heads`: with rl.env,
+        every row of the step (the episodes' room comes from all their first messages)."""
         from elastic.generation.generate import generate
 
         rl = self.rl
@@ -124,8 +128,8 @@ class RolloutWorker:
         if fault is not None and fault[0] == step + 1 and fault[1] and not os.path.exists(fault[1]):
             open(fault[1], "w").close()
             kill_now = True
-        if rl.turns > 1:
-            return {**self._episodes(rows, client, kill_now), "version": version, "pid": self.pid, **info}
+        if rl.turns > 1 or rl.env:
+            return {**self._episodes(rows, client, kill_now, heads), "version": version, "pid": self.pid, **info}
 
         def on_finish(i: int, c) -> None:
             r = rows[i]
@@ -149,18 +153,27 @@ class RolloutWorker:
         return {"rows": out_rows, "version": version, "gen_s": gen_s, "cpu_s": time.process_time() - c0,
                 "tokens": sum(len(c.tokens) for c in outs), "pid": self.pid, **info}
 
-    def _episodes(self, rows: List[Dict[str, Any]], client: Any, kill_now: bool) -> Dict[str, Any]:
-        """rl.turns > 1: the unit's rows as one EpisodeBatch (elastic/generation/episodes.py
-        `play_episodes`, the trainers' round loop) with the trainers' scorer
-        (elastic/rl/episodes.py TurnScorer: every answered turn scored by the reward service
-        under f"{key}:t{turn}" with the trainers' Request, the pool's feedback as the next user
-        message, turn_seed per turn), so at max_staleness 0 the episodes are the colocated run's.
-        Each row's `logprobs` cover all of its tokens (0 on feedback, which no loss term reads)."""
+    def _episodes(self, rows: List[Dict[str, Any]], client: Any, kill_now: bool,
+                  heads: Optional[List[Dict[str, Any]]]) -> Dict[str, Any]:
+        """rl.turns > 1 or rl.env: the unit's rows as one EpisodeBatch (elastic/generation/episodes.py
+        `play_episodes`, the trainers' round loop) set up as the trainers set theirs up
+        (elastic/rl/episodes.py episode_setup: with rl.env the environments' first messages as the
+        prompts, asked for the step's every head; the TurnScorer: every answered turn scored by the
+        reward service under f"{key}:t{turn}" with the trainers' Request, the pool's feedback or
+        the environment's message as the next user message, turn_seed per turn), so at
+        max_staleness 0 the episodes are the colocated run's. Each row's `logprobs` cover all of
+        its tokens (0 on feedback, which no loss term reads)."""
         from elastic.generation.episodes import play_episodes
-        from elastic.rl.episodes import TurnScorer, episode_rows, episode_sampling
+        from elastic.rl.episodes import episode_rows, episode_sampling, episode_setup
+        from elastic.rl.rollout.steps import message_tokens
 
         rl = self.rl
-        scorer = TurnScorer(rl, client, self.tok, self.chat, self.eos_id, rows)  # the trainers' keys and Requests
+        every = heads if rl.env else rows  # without rl.env the rows' step_prompt_len stands for the step
+        scorer, prompts, firsts, room_lens = episode_setup(
+            rl, client, self.tok, self.chat, self.eos_id, partial(message_tokens, rl, self.tok, self.chat, self.eos_id),
+            self.model.args.max_seq_len, self.cfg.reward.failure_reward, rows, every)
+        if not rl.env:
+            room_lens = [r["step_prompt_len"] for r in rows]
 
         def respond(answered, last: bool):
             out = scorer(answered, last)
@@ -168,10 +181,9 @@ class RolloutWorker:
                 os.kill(os.getpid(), signal.SIGKILL)
             return out
 
-        prompts = [r["prompt"] for r in rows]
         t0, c0 = time.perf_counter(), time.process_time()
         eps = play_episodes(self.gen_model, prompts, rl.max_new_tokens, rl.turns, respond,
-                            **episode_sampling(rl, [r["step_prompt_len"] for r in rows], self.model.args.max_seq_len, self.eos_id),
+                            **episode_sampling(rl, room_lens, self.model.args.max_seq_len, self.eos_id),
                             seed=[r["seed"] for r in rows])
         gen_s = time.perf_counter() - t0  # with the reward waits between turns, as colocated
         got = episode_rows(eps, scorer.turns)
@@ -185,8 +197,9 @@ class RolloutWorker:
                 for (a, b), turn in zip(g["spans"], e.logprobs):
                     lp[a:b] = turn
                 lps.append(lp)
-        out_rows = [{"k": r["k"], **g, "spans": [list(x) for x in g["spans"]], "logprobs": lp.tolist()}
-                    for r, g, lp in zip(rows, got, lps)]
+        out_rows = [{"k": r["k"], **g, "spans": [list(x) for x in g["spans"]], "logprobs": lp.tolist(),
+                     **({"prompt": list(p), "first_message": first} if rl.env else {})}
+                    for r, g, lp, p, first in zip(rows, got, lps, prompts, firsts)]
         return {"rows": out_rows, "gen_s": gen_s, "cpu_s": time.process_time() - c0,
                 "tokens": sum(b - a for g in got for a, b in g["spans"])}
 
