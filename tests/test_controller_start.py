@@ -11,6 +11,7 @@ shared, the backend named by ELASTIC_TORCH_BACKEND).
 """
 
 import dataclasses
+import json
 import subprocess
 import sys
 
@@ -19,10 +20,11 @@ import pytest
 from tests.conftest import REPO
 
 UNPICKLE = """
-import pickle, sys
+import json, pickle, sys
 sys.path.insert(0, %r)
 payload = pickle.loads(open(sys.argv[1], "rb").read())
-print(sorted(payload), "torch" in sys.modules, "elastic.launch.runtime.lean_train" in sys.modules)
+print(json.dumps({"names": sorted(payload), "torch": "torch" in sys.modules,
+                  "lean_train": "elastic.launch.runtime.lean_train" in sys.modules}))
 """
 
 
@@ -65,9 +67,9 @@ def test_what_a_job_hands_its_controller_unpickles_without_torch(ray_local, tmp_
         r = subprocess.run([sys.executable, "-c", UNPICKLE % str(REPO), str(path)], capture_output=True, text=True,
                            timeout=120, cwd=REPO)
         assert r.returncode == 0, r.stderr[-3000:]
-        names, torch_loaded, lean_loaded = r.stdout.strip().rsplit(" ", 2)[0], *r.stdout.split()[-2:]
-        assert "scaling_policy" in names and "train_run_context" in names and "callbacks" in names, r.stdout
-        assert (torch_loaded, lean_loaded) == ("False", "False"), r.stdout
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        assert {"scaling_policy", "train_run_context", "callbacks"} <= set(got["names"]), r.stdout
+        assert (got["torch"], got["lean_train"]) == (False, False), r.stdout
 
 
 def test_process_group_config_is_ray_torch_config_in_what_ray_train_reads():

@@ -355,13 +355,11 @@ def _validate_turns(rl, cfg) -> None:
     either placement (the trainers or the rollout fleet, elastic/rl/episodes.py), PPO colocated
     (its episodes on the fleet are not tested yet); on the static KV cache, full weights, no draft."""
     _check(rl.turns >= 1, "rl.turns", f"must be >= 1 (1 = single turn), got {rl.turns}")
-    if rl.turns > 1 or rl.env:
-        what = "rl.turns" if rl.turns > 1 else "rl.env"
-        _check(rl.algorithm == "grpo" or rl.rollout.placement == "colocated", what,
-               f"{'rl.turns > 1' if rl.turns > 1 else 'rl.env'} with rl.algorithm {rl.algorithm} runs colocated "
-               f"(rl.rollout.placement colocated), got {rl.rollout.placement}")
     if rl.turns > 1 or rl.env:  # episodes (an environment's too, at any rl.turns)
-        what = "rl.turns > 1" if rl.turns > 1 else "rl.env"
+        key, what = ("rl.turns", "rl.turns > 1") if rl.turns > 1 else ("rl.env", "rl.env")
+        _check(rl.algorithm == "grpo" or rl.rollout.placement == "colocated", key,
+               f"{what} with rl.algorithm {rl.algorithm} runs colocated (rl.rollout.placement colocated), "
+               f"got {rl.rollout.placement}")
         g = cfg.generation
         _check(g.kv_cache == "static", "generation.kv_cache",
                f"{what} runs on the static KV cache (episodes keep a slot), got {g.kv_cache}")
