@@ -81,6 +81,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="write per-task results here")
     ap.add_argument("--data", help="directory with train.jsonl and heldout.jsonl (default: the shipped set)")
+    ap.add_argument("--splits", default="train,heldout", help="comma-separated: train, heldout")
     args = ap.parse_args(argv)
 
     import torch
@@ -106,7 +107,7 @@ def main(argv=None) -> int:
     passes = python_passes if args.tasks == "python" else math_passes
     report = {"checkpoint": step, "tasks": args.tasks}
     per_task = []
-    for split in ("train", "heldout"):
+    for split in args.splits.split(","):
         rows = [json.loads(line) for line in open(os.path.join(data_dir, f"{split}.jsonl"))]
         prompts = [tokenize_segments(prompt_segments([{"role": "user", "content": r["instruction"]}], fmt),
                                      tok.encode_batch, eos)[0] for r in rows]
