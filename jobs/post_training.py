@@ -30,8 +30,8 @@ def carried(overrides: List[str]) -> List[str]:
 
 
 def starting_policy(label: str, overrides: List[str], sft_config: str = "") -> str:
-    """The SFT run's final checkpoint (`sft_config`, default jobs/configs/sft-code-opt.yaml),
-    training it first when it is missing."""
+    """The SFT run's final checkpoint (`sft_config`, default jobs/configs/sft-code-opt.yaml; its
+    train.until_step when set), training it first when it is missing."""
     from elastic.config import run_dir
     from elastic.launch.grpo import latest_checkpoint
     from elastic.launch.pretrain import run_pretraining
@@ -39,7 +39,8 @@ def starting_policy(label: str, overrides: List[str], sft_config: str = "") -> s
     sft_config = sft_config or SFT_DEFAULT
     sft = load_config(sft_config, carried(overrides))
     ckpt = latest_checkpoint(run_dir(sft))
-    if ckpt is None or not ckpt.endswith(f"step_{sft.train.steps:08d}"):
+    last = sft.train.until_step or sft.train.steps  # a schedule stopped early (train.until_step) ends there
+    if ckpt is None or not ckpt.endswith(f"step_{last:08d}"):
         print(f"[elastic] no finished SFT policy at {run_dir(sft)}: running jobs/sft.py --config "
               f"{os.path.relpath(sft_config)} first")
         res = run_pretraining(sft, kind="sft")

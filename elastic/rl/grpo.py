@@ -730,6 +730,10 @@ class GRPOJob(Job):
             pk = mean_pass_at_k([(len(v), sum(s == "ok" for s in v)) for v in per_task.values()], kk)
             if pk is not None:
                 out[f"heldout_pass_at_{kk}"] = pk
+        # The standard error of pass@1 over tasks: sd of the per-task pass shares / sqrt(tasks)
+        # (the tasks are the sample; a task's own n samples make its share less noisy).
+        shares = np.array([np.mean([s == "ok" for s in v]) for v in per_task.values()])
+        out["heldout_se_pass_at_1"] = float(shares.std(ddof=1) / np.sqrt(len(shares))) if len(shares) > 1 else 0.0
         sp = [x for _, st, x in alls if st == "ok" and x is not None]
         if sp:
             out["heldout_speedup"] = float(np.mean(sp))
