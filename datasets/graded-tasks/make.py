@@ -48,7 +48,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEED = 20261206
@@ -411,7 +411,7 @@ def read_jsonl(path: str) -> List[Dict[str, Any]]:
     return rows
 
 
-def family_of(path: str, rows) -> str:
+def family_of(rows) -> str:
     return "python" if rows and "entry_point" in rows[0] else "math"
 
 
@@ -431,7 +431,7 @@ def main(argv=None) -> int:
         bad = []
         for path in a.check:
             rows = read_jsonl(path)
-            fam = family_of(path, rows)
+            fam = family_of(rows)
             is_train = os.path.basename(path).startswith("train")
             bad += [f"{path}: {line}" for line in problems(fam, rows, generate_train(fam), is_train)]
         print("\n".join(bad) if bad else f"{len(a.check)} file(s): every row sound", file=sys.stderr if bad else sys.stdout)
