@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from concurrent.futures import Future
 
 import pytest
@@ -178,3 +179,48 @@ def test_an_async_save_replaces_a_stager_that_cannot_stage_again(tmp_path, monke
         assert c._pending.future.result() > 0  # the write of the staged copy still completes
     finally:
         c.close()
+
+
+def _every_s_worker(rank: int, world: int, init: str, out: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        comm = Comm(torch.device("cpu"))
+        off = ck.Checkpointer(50, (), run_dir=f"{out}.off{rank}", comm=comm, async_save=False)
+        on = ck.Checkpointer(50, (), run_dir=f"{out}.on{rank}", comm=comm, async_save=False, every_s=1e6)
+        res = {"off": [off.due(3, False), off.due(50, False), off.due(7, True)]}
+        # rank 1's own clock says "late", rank 0's does not: nobody saves
+        if rank == 1:
+            on._last_save_t -= 2e6
+        res["rank1_late"] = on.due(2, False)
+        # rank 0's clock says late (rank 1's no longer does): every rank saves
+        on._last_save_t = time.monotonic() - (2e6 if rank == 0 else 0.0)
+        res["rank0_late"] = on.due(3, False)
+        comm.barrier()
+        torch.save(res, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_s_saves_by_rank_0s_clock_and_every_rank_follows(tmp_path):
+    """checkpoint.every_s in a real 2-process gloo group: rank 0 votes once every_s seconds have
+    passed since its last save and the max over ranks decides, so a rank whose own clock says
+    otherwise takes the same branch (a save is collective: ranks that disagree would hang); with
+    every_s off, due() is the step rule alone."""
+    import torch.multiprocessing as mp
+
+    world, out = 2, str(tmp_path / "res")
+    mp.spawn(_every_s_worker, args=(world, f"file://{tmp_path / 'rdzv'}", out), nprocs=world, join=True)
+    for rank in range(world):
+        r = torch.load(f"{out}.{rank}")
+        assert r["off"] == [False, True, True]
+        assert r["rank1_late"] is False and r["rank0_late"] is True
+
+
+def test_every_s_is_checked_before_any_work():
+    from elastic.config.errors import ConfigError
+    from elastic.config.load import load_config
+
+    with pytest.raises(ConfigError, match="checkpoint.every_s"):
+        load_config(None, ["checkpoint.every_s=-1"])

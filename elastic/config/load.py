@@ -166,6 +166,7 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(0 < ev.fraction < 1, "eval.fraction", f"must be in (0, 1), got {ev.fraction}")
     _check(ev.task_limit >= 0, "eval.task_limit", f"must be >= 0, got {ev.task_limit}")
     _check(c.every_steps >= 1, "checkpoint.every_steps", f"must be >= 1, got {c.every_steps}")
+    _check(c.every_s >= 0, "checkpoint.every_s", f"must be >= 0 (0 = off), got {c.every_s}")
     _check(c.keep_last >= 1, "checkpoint.keep_last", f"must be >= 1, got {c.keep_last}")
     _check(cfg.wandb.mode in ("auto", "online", "offline", "disabled"), "wandb.mode", f"must be auto|online|offline|disabled, got {cfg.wandb.mode!r}")
     r = cfg.reward

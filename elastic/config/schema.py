@@ -255,6 +255,11 @@ class EvalSection:
 @dataclass
 class CheckpointSection:
     every_steps: int = 50
+    # Also save when this many seconds have passed since the attempt's start or its last save
+    # (0 = off): saves at fixed wall-clock intervals, whatever the step time (a preemptible
+    # fleet's cadence, or a race that scores policies by wall clock). Rank 0's clock decides
+    # for all ranks: one small collective per step while it is on.
+    every_s: float = 0.0
     keep_last: int = 2
     # true: a save blocks the step only to copy model and optimizer state to host memory
     # (pinned on CUDA) and to wait for the previous save, if it is still writing; the write

@@ -288,8 +288,10 @@ class Checkpointer:
     path or URI); `comm` the worker's collectives (elastic/train/comm.py) on the model's device."""
 
     def __init__(self, every_steps: int, job_keys: Tuple[str, ...], trainable_only: bool = False, *,
-                 run_dir: str, comm, async_save: bool = True, events: Optional[str] = None):
+                 run_dir: str, comm, async_save: bool = True, events: Optional[str] = None, every_s: float = 0.0):
         self.every_steps = every_steps
+        self.every_s = every_s
+        self._last_save_t = time.monotonic()
         self.job_keys = job_keys
         self.trainable_only = trainable_only  # LoRA: adapters (+ their optimizer state) only
         self.run_dir = run_dir.rstrip("/")
@@ -325,8 +327,15 @@ class Checkpointer:
                 shutil.rmtree(os.path.join(d, n), ignore_errors=True)
 
     def due(self, step: int, last: bool) -> bool:
-        """Save after 1-based `step`?"""
-        return last or step % self.every_steps == 0
+        """Save after 1-based `step`? At every `every_steps`-th step, the last, and (with
+        `every_s`) once `every_s` seconds have passed since the last save by rank 0's clock (a
+        max over ranks, so every rank takes the same branch)."""
+        if last or step % self.every_steps == 0:
+            return True
+        if self.every_s <= 0:
+            return False
+        late = float(self.rank == 0 and time.monotonic() - self._last_save_t >= self.every_s)
+        return self.comm.max([late])[0] > 0
 
     def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                 aux: Optional[Dict[str, Any]] = None) -> Optional[TrainState]:
@@ -348,6 +357,7 @@ class Checkpointer:
         it here when saves are synchronous). `final` (the invocation's last step): also wait for
         this write and register it. Returns this step's checkpoint seconds (module docstring)."""
         t0 = time.perf_counter()
+        self._last_save_t = time.monotonic()
         wait_s = self._complete() if self._pending is not None else 0.0
         state.time = time.time()
         name = checkpoint_dir_name(state.step)

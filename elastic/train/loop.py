@@ -265,7 +265,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
     # written in the background (elastic/train/checkpoint.py).
     ckpt = Checkpointer(cfg.checkpoint.every_steps, job_state_keys(make_job), trainable_only=lora is not None,
                         run_dir=config["run_dir"], comm=comm, async_save=cfg.checkpoint.async_save,
-                        events=os.path.join(records_dir, EVENTS))
+                        events=os.path.join(records_dir, EVENTS), every_s=cfg.checkpoint.every_s)
     if lora is not None:
         load_initial_weights(model, cfg)
     job = make_job()
