@@ -15,7 +15,7 @@ from tests.conftest import REPO
         ("train.stepz=1", "train.stepz"),
         ("train.steps=abc", "train.steps"),
         ("train.lr=-1", "train.lr"),
-        ("train.global_batch_size=6", "train.global_batch_size"),
+        ("train.global_batch_size=7", "train.global_batch_size"),  # 7 does not split over 2 workers
         ("scaling.max_workers=3", "train.global_batch_size"),
         ("model.preset=2b", "model.preset"),
         ("model.n_heads=3", "model.n_heads"),
@@ -125,7 +125,6 @@ GRPO_3_WORKERS = ["scaling.max_workers=3", "train.global_batch_size=24", "train.
         (["rl.problems=''"], "rl.problems"),
         # the rollout batch must split over every world size in min..max (grpo job only)
         (GRPO_3_WORKERS, "rl.prompts_per_step"),  # 4 x 4 = 16 completions over 3 workers
-        (["rl.micro_batch_size=3"], "rl.prompts_per_step"),  # 8 per worker, not whole micro-batches of 3
         (["rl.minibatches_per_update=3"], "rl.minibatches_per_update"),  # 16 into 3 minibatches
     ],
 )
@@ -149,8 +148,8 @@ def test_rl_defaults_are_valid_and_the_batch_split_is_checked_only_for_grpo():
     ok = load_config(None, ["scaling.max_workers=4", "train.global_batch_size=24", "train.micro_batch_size=2",
                             "rl.prompts_per_step=8", "rl.group_size=3", "rl.micro_batch_size=2"], job="grpo")
     assert ok.rl.prompts_per_step * ok.rl.group_size == 24
-    # minibatches split the step first: 24 / 2 = 12 per optimizer step -> 6, 4, 3 per worker
-    with pytest.raises(ConfigError, match=r"^rl\.prompts_per_step: .* over 4 workers"):
+    # minibatches split the step first: 24 / 3 = 8 per optimizer step, which 3 workers cannot share
+    with pytest.raises(ConfigError, match=r"^rl\.prompts_per_step: .* over 3 workers"):
         load_config(None, ["scaling.max_workers=4", "train.global_batch_size=24", "train.micro_batch_size=2",
                            "rl.prompts_per_step=8", "rl.group_size=3", "rl.micro_batch_size=2",
-                           "rl.minibatches_per_update=2"], job="grpo")
+                           "rl.minibatches_per_update=3"], job="grpo")

@@ -264,3 +264,57 @@ def test_qlora_sft_two_workers_resume_and_export(ray_local, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(merged(x).logits, want, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(with_peft(x).logits, want, atol=1e-5, rtol=1e-5)
+
+
+def test_qlora_from_our_own_checkpoint_equals_the_path_via_its_hf_export(ray_local, tmp_path):
+    """Issue 58: `model.quantize_base: nf4` with `model.init_from` one of our full checkpoints (a
+    user's own SFT output, the first thing they fine-tune) stopped before Ray with "export it".
+    Quantized from the DCP checkpoint directly, the NF4 codes and scalers are those quantized
+    from its Hugging Face export, bit for bit, and a real first QLoRA step (2 FSDP workers) has
+    the same loss on both. A LoRA checkpoint as the base is still refused, in one line."""
+    from elastic.launch.pretrain import run_pretraining
+    from elastic.model.hf import check_init_from, export_checkpoint
+    from elastic.model.quantize import dequantize, is_nf4
+    from elastic.train.loop import build_model, load_weights_from
+    from tests.hf_helpers import make_hf_dir
+    from tests.helpers import read_jsonl
+    from tests.test_sft import _rows, _write
+
+    base = tmp_path / "base"
+    make_hf_dir(base, "llama")
+    store = tmp_path / "runs"
+    data = _write(tmp_path / "sft", _rows(16))
+    o = {"run.storage_path": str(store), "data.source": str(data), "data.seq_len": 128, "train.steps": 1,
+         "train.global_batch_size": 4, "train.micro_batch_size": 2, "train.lr": 1e-2, "train.warmup_steps": 0,
+         "checkpoint.every_steps": 1, "wandb.mode": "disabled", "eval.every_steps": 0}
+
+    def cfg_of(**kv):
+        return load_config(None, [f"{k}={v}" for k, v in {**o, **kv}.items()])
+
+    full = run_pretraining(cfg_of(**{"run.name": "full", "model.init_from": str(base)}), kind="sft", progress=False)
+    exported = tmp_path / "exported"
+    export_checkpoint(full.checkpoint, str(exported))
+    sources = {"dcp": str(full.checkpoint), "hf": str(exported)}
+    q = {"model.quantize_base": "nf4", **LORA}
+
+    codes = {}
+    for name, src in sources.items():
+        cfg = cfg_of(**{"model.init_from": src}, **q)
+        check_init_from(cfg)  # the driver's check: accepted
+        model, _, _ = build_model(cfg, torch.device("cpu"))
+        load_weights_from(model, src)
+        codes[name] = {n: (p.quantized_data.clone(), dequantize(p)) for n, p in model.named_parameters() if is_nf4(p)}
+    assert codes["dcp"].keys() == codes["hf"].keys() and len(codes["dcp"]) == 7 * 2
+    for n, (data_dcp, w_dcp) in codes["dcp"].items():
+        assert torch.equal(data_dcp, codes["hf"][n][0]) and torch.equal(w_dcp, codes["hf"][n][1]), n
+
+    loss = {}
+    for name, src in sources.items():
+        run_pretraining(cfg_of(**{"run.name": f"q-{name}", "model.init_from": src}, **q), kind="sft", progress=False)
+        loss[name] = read_jsonl(store / f"q-{name}" / "metrics.jsonl")[0]["loss"]
+    print(f"first QLoRA step's loss: from our checkpoint {loss['dcp']!r}, from its HF export {loss['hf']!r}")
+    assert np.isfinite(loss["dcp"]) and abs(loss["dcp"] - loss["hf"]) < 1e-6
+
+    lora_ckpt = sorted((store / "q-dcp").glob("step_*"))[-1]
+    with pytest.raises(ConfigError, match=r"^model\.quantize_base: nf4 quantizes a full base; .* holds LoRA adapters"):
+        check_init_from(cfg_of(**{"model.init_from": str(lora_ckpt)}, **q))

@@ -87,9 +87,13 @@ def test_breakdown_guard_and_profile(ray_local, tmp_path, monkeypatch):
 def test_consecutive_nans_stop_the_run_with_its_checkpoint_intact(tmp_path):
     corpus = make_text_corpus(tmp_path / "corpus")
     store = tmp_path / "runs"
-    ov = small_run_overrides(store, "nan", corpus, 12, **{"train.max_bad_steps": 3})
+    # train.micro_batch_size 16 > each worker's share of the batch of 8 (issue 58: was a config
+    # error): an upper bound, fitted to 4 and said once.
+    ov = small_run_overrides(store, "nan", corpus, 12, **{"train.max_bad_steps": 3, "train.micro_batch_size": 16})
     p = _run(ov, {"ELASTIC_FAULT_NAN_STEPS": "5-12"})
     assert p.returncode == 5, p.stdout[-3000:] + p.stderr[-3000:]
+    said = [ln for ln in (p.stdout + p.stderr).splitlines() if "train.micro_batch_size=16 is an upper bound" in ln]
+    assert len(said) == 1 and "4 rows per micro-batch" in said[0], said
     lines = [ln for ln in p.stderr.splitlines() if "stopped at its own request" in ln]
     assert len(lines) == 1 and "3 consecutive bad steps" in lines[0] and "train.max_bad_steps=3" in lines[0]
     run = store / "nan"
@@ -101,6 +105,8 @@ def test_consecutive_nans_stop_the_run_with_its_checkpoint_intact(tmp_path):
     assert st["step"] == 4 and st["counters"]["skipped_steps"] == 0
     stops = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "stop"]
     assert len(stops) == 1 and stops[0]["step"] == 7
+    starts = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "start"]
+    assert starts[0]["micro_batches"] == {"train.micro_batch_size": 4}
 
 
 def test_an_input_bound_run_is_named_input(ray_local, tmp_path, monkeypatch):

@@ -144,16 +144,17 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     _check(s.worker_group_start_timeout_s > 0, "scaling.worker_group_start_timeout_s", "must be > 0")
     _check(s.elastic_resize_monitor_interval_s > 0, "scaling.elastic_resize_monitor_interval_s", "must be > 0")
     _check(s.resource_wait_s >= 0, "scaling.resource_wait_s", f"must be >= 0, got {s.resource_wait_s}")
-    # Every world size the run may take must split the global batch into whole micro-batches
-    # (GRPO batches by rollouts instead: rl.prompts_per_step x rl.group_size, checked below).
+    # Every world size the run may take must split the global batch evenly over the workers
+    # (GRPO batches by rollouts instead: rl.prompts_per_step x rl.group_size, checked below). The
+    # micro-batch size is an upper bound: each worker fits it to its share (config/micro_batch.py).
     _validate_parallel(cfg)
     for w in (dp_worlds(cfg) if job != "grpo" else ()):
         per = t.global_batch_size / w
         _check(
-            t.global_batch_size % w == 0 and (t.global_batch_size // w) % t.micro_batch_size == 0,
+            t.global_batch_size % w == 0,
             "train.global_batch_size",
-            f"{t.global_batch_size} sequences cannot be split over {w} {_ranks(cfg)} into micro-batches of "
-            f"{t.micro_batch_size} (per worker: {per:g}); every world size in scaling.min_workers.."
+            f"{t.global_batch_size} sequences cannot be split evenly over {w} {_ranks(cfg)} "
+            f"(per worker: {per:g}); every world size in scaling.min_workers.."
             f"scaling.max_workers={s.min_workers}..{s.max_workers} must divide it",
         )
     sft, ev = cfg.sft, cfg.eval
@@ -462,7 +463,8 @@ def tp_unsupported(dims: Mapping[str, Any], tp: int) -> Optional[str]:
 
 def _validate_rl_world_sizes(cfg: Config) -> None:
     """Every world size the run may take must split each optimizer step's completions evenly
-    into whole micro-batches (the rl analogue of train.global_batch_size's check)."""
+    over the workers (the rl analogue of train.global_batch_size's check); rl.micro_batch_size
+    is an upper bound that each worker fits to its share (config/micro_batch.py)."""
     rl, s = cfg.rl, cfg.scaling
     n = rl.prompts_per_step * rl.group_size
     _check(n % rl.minibatches_per_update == 0, "rl.minibatches_per_update",
@@ -470,10 +472,10 @@ def _validate_rl_world_sizes(cfg: Config) -> None:
            f"{rl.minibatches_per_update} equal minibatches")
     per_step = n // rl.minibatches_per_update
     for w in dp_worlds(cfg):
-        _check(per_step % w == 0 and (per_step // w) % rl.micro_batch_size == 0, "rl.prompts_per_step",
+        _check(per_step % w == 0, "rl.prompts_per_step",
                f"{rl.prompts_per_step} prompts x {rl.group_size} samples / {rl.minibatches_per_update} minibatch(es) = "
-               f"{per_step} completions per optimizer step cannot be split over {w} {_ranks(cfg)} into micro-batches of "
-               f"{rl.micro_batch_size} (per worker: {per_step / w:g}); every world size in scaling.min_workers.."
+               f"{per_step} completions per optimizer step cannot be split evenly over {w} {_ranks(cfg)} "
+               f"(per worker: {per_step / w:g}); every world size in scaling.min_workers.."
                f"scaling.max_workers={s.min_workers}..{s.max_workers} must divide it")
 
 

@@ -127,8 +127,9 @@ class ModelSection:
     # QLoRA: none | nf4. nf4 stores the frozen base's block linear weights (q k v o, gate up down)
     # in 4-bit NormalFloat with double quantization (torchao, elastic/model/quantize.py),
     # dequantized to the compute dtype in each forward; embeddings, norms and head stay as they
-    # are. Needs model.lora (rank > 0); the base is model.init_from (a Hugging Face directory) or
-    # the seeded init. Each rank holds the whole 4-bit base (FSDP2 shards the rest).
+    # are. Needs model.lora (rank > 0); the base is model.init_from (a Hugging Face directory or
+    # one of our full checkpoints, e.g. a pretrain or SFT run's step_N) or the seeded init. Each
+    # rank holds the whole 4-bit base (FSDP2 shards the rest).
     quantize_base: str = "none"
     # LoRA adapters for SFT, DPO and GRPO (needs model.init_from: the frozen base).
     lora: LoRASection = field(default_factory=LoRASection)
@@ -140,6 +141,9 @@ class TrainSection:
 
     steps: int = 100
     global_batch_size: int = 16
+    # Rows per forward/backward on one worker, at most (gradient accumulation inside a step): an
+    # upper bound, each worker uses the largest size <= this that divides its share of the global
+    # batch at the current world size, and says so once when that is smaller.
     micro_batch_size: int = 8
     lr: float = 3e-3
     min_lr_ratio: float = 0.1
@@ -488,7 +492,8 @@ class RLSection:
     # PPO-style passes over one rollout batch, each split into this many optimizer steps.
     updates_per_rollout: int = 1
     minibatches_per_update: int = 1
-    # Completions per forward/backward on one worker (gradient accumulation inside a minibatch).
+    # Completions per forward/backward on one worker, at most (gradient accumulation inside a
+    # minibatch): an upper bound, fitted like train.micro_batch_size to the worker's share.
     micro_batch_size: int = 4
     # DAPO-style length shaping (elastic/rl/algorithms/overlong.py), added to the reward: a penalty rising
     # linearly from 0 to `overlong_penalty` over the last `overlong_buffer` tokens before

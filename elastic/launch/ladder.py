@@ -39,6 +39,7 @@ from typing import Dict, List, Optional, TextIO
 
 from elastic.config import Config, ConfigError, load_config
 from elastic.config.load import resolved_model_dims
+from elastic.config.micro_batch import fitted_micro_batch
 
 SIZE_KEYS = ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_hidden")
 
@@ -203,8 +204,7 @@ def size_rule(cfg: Config, n: float) -> tuple:
 
 def _micro(cfg: Config, batch: int) -> int:
     """The largest micro-batch <= train.micro_batch_size that divides one worker's share."""
-    per = max(1, batch // cfg.scaling.min_workers)
-    return max(d for d in range(1, min(per, cfg.train.micro_batch_size) + 1) if per % d == 0)
+    return fitted_micro_batch(max(1, batch // cfg.scaling.min_workers), cfg.train.micro_batch_size)
 
 
 def plan_ladder(path: Optional[str], overrides: List[str], smoke: bool = False) -> LadderPlan:

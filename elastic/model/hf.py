@@ -324,9 +324,9 @@ def check_init_from(cfg) -> None:
         dims = {**dims, "tie_embeddings": src.dims["tie_embeddings"]}
         dims.pop("num_labels")
     args = ModelArgs(**dims)
-    if getattr(cfg.model, "quantize_base", "none") != "none" and src.kind != "hf":
-        raise ConfigError(f"model.quantize_base: {cfg.model.quantize_base} reads its base from a Hugging Face directory; "
-                          f"{cfg.model.init_from} is one of our checkpoints (export it with jobs/export_hf.py first)")
+    if getattr(cfg.model, "quantize_base", "none") != "none" and src.kind != "hf" and lora_info(src.path) is not None:
+        raise ConfigError(f"model.quantize_base: {cfg.model.quantize_base} quantizes a full base; {cfg.model.init_from} "
+                          "holds LoRA adapters (export it merged with jobs/export_hf.py --merge-lora first)")
     if src.kind == "hf":
         try:
             check_hf_dir(src.path, args)

@@ -206,6 +206,7 @@ def decode_text(tok, ids: List[int]) -> str:
 
 class GRPOJob(Job):
     state_keys = ("prompt_cursor", "rollout_buffer")
+    micro_batch_keys = ("rl.micro_batch_size",)
     wait_phase = "rollout"
 
     def __init__(self) -> None:

@@ -82,6 +82,9 @@ class Job:
     state_keys: Tuple[str, ...] = ()
     wait_phase: str = "data_wait"  # the name under which the loop times `updates()` producing data
     updates_per_step: int = 1      # optimizer updates per global step (sizes the LR schedule; set in start)
+    # The config's micro-batch keys this job reads: upper bounds that the loop fits to each
+    # worker's share before `start` (elastic/config/micro_batch.py).
+    micro_batch_keys: Tuple[str, ...] = ("train.micro_batch_size",)
 
     def build_aux(self, cfg: Any, device: torch.device, param_dtype: torch.dtype) -> Dict[str, Any]:
         """The job's own trained modules, {name: (module, optimizer)}, built before the

@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from elastic.config import from_dict, resolved_model_dims
+from elastic.config.micro_batch import fit_micro_batches
 from elastic.model import ModelArgs, Transformer, choose_backend, flops_per_token
 from elastic.model.lora import LoRAConfig, apply_lora, init_adapters
 from elastic.model.quantize import is_nf4, quantize_base
@@ -177,11 +178,16 @@ def load_weights_from(model: torch.nn.Module, src: str) -> None:
     from elastic.train import checkpoint as ckpt_lib
 
     skip = ("output.weight",) if new_head(model, src) else ()
-    if os.path.exists(os.path.join(src, ckpt_lib.STATE_FILE)) and any(is_nf4(p) for p in model.parameters()):
-        raise RuntimeError(f"model.init_from {src}: model.quantize_base nf4 reads its base from a Hugging Face directory "
-                           "(export this checkpoint with jobs/export_hf.py first)")
     if os.path.exists(os.path.join(src, ckpt_lib.STATE_FILE)):
         info = ckpt_lib.read_train_state(src).get("lora")
+        nf4 = {n.replace("_checkpoint_wrapped_module.", ""): p for n, p in model.named_parameters() if is_nf4(p)}
+        if nf4 and info:  # the driver refused this already (elastic/model/hf.py check_init_from)
+            raise RuntimeError(f"model.init_from {src}: model.quantize_base nf4 quantizes a full base; this checkpoint "
+                               "holds LoRA adapters (export it merged with jobs/export_hf.py --merge-lora first)")
+        if nf4:  # QLoRA on one of our checkpoints: DCP -> NF4, each weight read whole and quantized
+            _load_whole_from_checkpoint(nf4, src)
+            ckpt_lib.load(src, model, None, skip=skip + tuple(nf4))
+            return
         if info:  # adapters only: the base it was trained on, then W += (alpha / r) B A
             base = info["base"]
             if base.startswith("seed:"):
@@ -195,6 +201,24 @@ def load_weights_from(model: torch.nn.Module, src: str) -> None:
     from elastic.train.hf_load import load_hf_weights
 
     load_hf_weights(model, src, skip=skip)
+
+
+@torch.no_grad()
+def _load_whole_from_checkpoint(params: Dict[str, torch.Tensor], src: str) -> None:
+    """Our name -> NF4 parameter, each read whole from checkpoint `src` (one tensor at a time, so
+    the peak is the largest weight in full precision) and quantized by `copy_`, exactly as the
+    Hugging Face path does (elastic/train/hf_load.py): the codes do not depend on where the
+    weights came from. Every rank reads for itself (`no_dist`: no collective)."""
+    import torch.distributed.checkpoint as dcp
+
+    from elastic.model.dcp_io import model_tensor_specs
+
+    specs = model_tensor_specs(src)
+    for name, p in params.items():
+        shape, dtype = specs[name]
+        full = {"model": {name: torch.empty(shape, dtype=dtype)}}
+        dcp.load(full, checkpoint_id=src, no_dist=True)
+        p.copy_(full["model"][name].to(p.dtype).to(p.device))
 
 
 @torch.no_grad()
@@ -254,6 +278,9 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
     dp_comm = Comm(comm.device, group=dp_group(layout)) if layout.tp > 1 else comm
     tp_comm = Comm(comm.device, group=tp_group(layout)) if layout.tp > 1 else None
     dp_rank, dp_world = layout.dp_rank(rank), layout.dp
+    # Micro-batch sizes are upper bounds: the largest that divides this world size's share.
+    # The driver's console says it once per worker-group start (the "start" event below).
+    fitted = fit_micro_batches(cfg, dp_world, getattr(make_job, "micro_batch_keys", ("train.micro_batch_size",)))
     if resolve_compile(t.compile, device):
         for block in model.layers:
             block.compile()
@@ -305,7 +332,9 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
             "resumed_from": ckpt.resumed_from, "attention_backend": backend,
             "device": str(device), "param_dtype": str(param_dtype).replace("torch.", ""),
             "nice": os.nice(0), "torch_threads": torch.get_num_threads(),
-            "mesh": layout_of(cfg).describe()})
+            "mesh": layout_of(cfg).describe(), "micro_batches": {f.key: f.used for f in fitted},
+            "micro_batch_notes": [f.describe("completions" if f.key.startswith("rl.") else "rows")
+                                  for f in fitted if f.used != f.setting]})
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         print(f"[elastic] rank 0/{world}: step {start_step}/{t.steps}, attention={backend}, device={device}, "
               f"params={model.num_params()}, trainable={trainable}, param_dtype={param_dtype}")

@@ -179,6 +179,8 @@ class Progress:
             how = f"attention {e.get('attention_backend')}, {e.get('device')}, {e.get('param_dtype')}"
             if e.get("mesh") and e["mesh"] != f"FSDP {e.get('world_size')} shards":  # a layout a user asked for
                 how += f", {e['mesh']}"
+            for note in e.get("micro_batch_notes") or ():  # a micro-batch setting above a worker's share
+                how += f"; {note}"
             if self._starts == 1 and not e.get("resumed_from"):
                 return f"{self.prefix} workers: {e.get('world_size')} started at step {e.get('step')} ({how})"
             verb = "started" if self._starts == 1 else "restarted"
