@@ -93,15 +93,10 @@ OURS_SETS = {"ours": [], "ours-async": ["rl.rollout.placement=disaggregated", "r
 
 # ----------------------------------------------------------------------------- helpers
 def read_jsonl(path: Path) -> List[Dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:  # a line cut by a kill
-            pass
-    return out
+    """The project's tolerant reader (a missing file: none; a line cut by a kill: skipped)."""
+    from elastic.records import read_records
+
+    return read_records(str(path))
 
 
 def run(cmd: Sequence[str], log: Path, timeout: float = 3600) -> None:
