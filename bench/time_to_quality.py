@@ -354,7 +354,7 @@ def evaluator(tokenizer_json: Path):
     tok = Tokenizer.from_file(str(tokenizer_json))
     eos = tok.token_to_id(EOS)
     chat = ChatFormat()
-    prompts = [tokenize_segments(prompt_segments([{"role": "user", "content": tasks[i].prompt}], chat), tok.encode_batch, eos)[0]
+    prompts = [tokenize_segments(prompt_segments([{"role": "user", "content": tasks[i].prompt}], chat), tok, eos)[0]
                for i in ids]
     settings = EvalSettings()
     boxes = [Sandbox() for _ in range(THREADS)]

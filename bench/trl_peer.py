@@ -216,7 +216,7 @@ def child_grpo(spec: Dict[str, Any]) -> None:
     texts, equal = [], 0
     for tid in spec["order"]:
         segs = prompt_segments([{"role": "user", "content": tasks[tid].prompt}], chat)
-        ids = tokenize_segments(segs, ours.encode_batch, info.eos_id)[0]
+        ids = tokenize_segments(segs, ours, info.eos_id)[0]
         text = "".join(t for t, _ in segs)
         texts.append(text)
         equal += hf_tok(text, add_special_tokens=False)["input_ids"] == ids
@@ -328,7 +328,7 @@ def sft_rows(tokenizer_json: Path) -> Dict[str, List]:
     with open(REPO / "datasets/python-tasks/sft.jsonl") as f:
         for line in f:
             msgs = row_messages(json.loads(line), chat)
-            i, m = tokenize_segments(render_segments(msgs, chat) + [(None, True)], tok.encode_batch, info.eos_id)
+            i, m = tokenize_segments(render_segments(msgs, chat) + [(None, True)], tok, info.eos_id)
             ids.append(i)
             masks.append([int(x) for x in m])
     return {"input_ids": ids, "completion_mask": masks}

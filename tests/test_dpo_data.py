@@ -44,13 +44,13 @@ def test_row_forms_give_the_same_conversation():
 
 def test_encode_pair_scores_the_answer_and_eos(tok):
     eos = tok.token_to_id(EOS)
-    p, c, r = encode_pair([{"role": "user", "content": "add them"}], "fast answer", "slow", ChatFormat(), tok.encode_batch, eos)
+    p, c, r = encode_pair([{"role": "user", "content": "add them"}], "fast answer", "slow", ChatFormat(), tok, eos)
     assert tok.decode(p, skip_special_tokens=False) == "<|user|>\nadd them\n<|assistant|>\n"
     assert c[-1] == eos and tok.decode(c[:-1]) == "fast answer" and tok.decode(r[:-1]) == "slow"
     tmpl = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     p2, c2, _ = encode_pair([{"role": "user", "content": "hi"}], "yo", "no", ChatFormat(chat_template=tmpl, eos_token="<|im_end|>"),
-                            tok.encode_batch, eos)
+                            tok, eos)
     assert tok.decode(p2, skip_special_tokens=False).endswith("<|im_start|>assistant\n")
     assert tok.decode(c2[:-1], skip_special_tokens=False) == "yo<|im_end|>\n"
 
@@ -72,15 +72,16 @@ def test_load_pairs_counts_bad_rows_with_file_and_line_and_fits_seq_len(tmp_path
     assert len(pairs) == 7 and bad.counts == {"bad_json": 1, "bad_pair": 2, "too_long": 1}, bad.counts  # a 412-token prompt
     assert any("a.jsonl:7" in e for e in bad.examples) and any("b.parquet:row1" in e for e in bad.examples)
     assert pairs.where[0].endswith("a.jsonl:1") and pairs.where[-1].endswith("b.parquet:row0")
-    # At 48 tokens, 4 of the 7 good pairs are too long (prompt 37 + longer answer 49..59 tokens).
-    short, bad2 = load_pairs(str(d), "**/*", "auto", FMT, ChatFormat(), tok, eos, seq_len=48, overlong="skip")
-    cut, bad3 = load_pairs(str(d), "**/*", "auto", FMT, ChatFormat(), tok, eos, seq_len=48, overlong="truncate")
-    assert len(short) == 3 and bad2.counts["too_long"] == 5
-    assert len(cut) == 7 and bad3.counts["truncated"] == 4 and bad3.counts["too_long"] == 1
+    # At 45 tokens, 3 of the 7 good pairs are too long (prompt 30-31 + longer answer: 47, 48, 53 tokens;
+    # the role headers are one special token each).
+    short, bad2 = load_pairs(str(d), "**/*", "auto", FMT, ChatFormat(), tok, eos, seq_len=45, overlong="skip")
+    cut, bad3 = load_pairs(str(d), "**/*", "auto", FMT, ChatFormat(), tok, eos, seq_len=45, overlong="truncate")
+    assert len(short) == 4 and bad2.counts["too_long"] == 4
+    assert len(cut) == 7 and bad3.counts["truncated"] == 3 and bad3.counts["too_long"] == 1
     for ps in (short, cut):
         for i in range(len(ps)):
             p, c, r = ps.pair(i)
-            assert len(p) + max(len(c), len(r)) <= 48 and len(c) and len(r)
+            assert len(p) + max(len(c), len(r)) <= 45 and len(c) and len(r)
     full = {tuple(pairs.pair(i)[0]): pairs.pair(i) for i in range(len(pairs))}
     for i in range(len(cut)):  # a cut answer is the start of the full one
         p, c, r = cut.pair(i)

@@ -48,8 +48,11 @@ def test_builtin_template_learns_only_assistant_tokens():
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"},
             {"role": "user", "content": "again"}, {"role": "assistant", "content": "ok"}]
     segs = render_segments(msgs, fmt)
-    assert segs == [("<|user|>\nhi\n", False), ("<|assistant|>\n", False), ("yo", True), (None, True),
-                    ("<|user|>\nagain\n", False), ("<|assistant|>\n", False), ("ok", True)]
+    assert segs == [("<|user|>\n", False), ("hi", False), ("\n", False), ("<|assistant|>\n", False), ("yo", True),
+                    (None, True), ("<|user|>\n", False), ("again", False), ("\n", False), ("<|assistant|>\n", False),
+                    ("ok", True)]
+    # The template's text (headers, newlines) is Markup, the only text whose special tokens parse.
+    assert [type(t).__name__ for t, _ in segs if t is not None] == ["Markup", "str", "Markup", "Markup", "str"] * 2
     assert render_prompt(msgs[:1], fmt) == "<|user|>\nhi\n<|assistant|>\n"
 
     class Enc:  # one id per character: lets the test read the mask off the text
@@ -80,7 +83,9 @@ def test_chat_template_turns_are_found_by_rendering():
     fmt = ChatFormat(chat_template=tmpl, eos_token="<|im_end|>")
     msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
     segs = render_segments(msgs, fmt)
-    assert segs == [("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", False), ("yo<|im_end|>\n", True)]
+    assert segs == [("<|im_start|>user\n", False), ("hi", False), ("<|im_end|>\n<|im_start|>assistant\n", False),
+                    ("yo", True), ("<|im_end|>\n", True)]
+    assert [type(t).__name__ for t, _ in segs] == ["Markup", "str", "Markup", "str", "Markup"]
     assert render_prompt(msgs[:1], fmt).endswith("<|im_start|>assistant\n")
 
 

@@ -297,22 +297,25 @@ def test_feedback_turn_builtin_matches_what_sft_renders_between_turns(bpe):
     fb = "Verdict: wrong answer on test 01"
     msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "A1"},
             {"role": "user", "content": fb}, {"role": "assistant", "content": "A2"}]
-    ids, learned = tokenize_segments(render_segments(msgs, fmt), tok.encode_batch, eos)
-    head, _ = tokenize_segments(render_segments(msgs[:2], fmt), tok.encode_batch, eos)
-    tail, _ = tokenize_segments([("A2", True)], tok.encode_batch, eos)
-    open_turn = feedback_turn_ids(fb, fmt, tok.encode_batch, eos, turn_closed=False)
+    ids, learned = tokenize_segments(render_segments(msgs, fmt), tok, eos)
+    head, _ = tokenize_segments(render_segments(msgs[:2], fmt), tok, eos)
+    tail, _ = tokenize_segments([("A2", True)], tok, eos)
+    open_turn = feedback_turn_ids(fb, fmt, tok, eos, turn_closed=False)
     assert open_turn[0] == eos
     assert head + open_turn + tail == ids  # SFT's token sequence exactly
-    assert feedback_turn_ids(fb, fmt, tok.encode_batch, eos) == open_turn[1:]
+    assert feedback_turn_ids(fb, fmt, tok, eos) == open_turn[1:]
     start = len(head) + 1
     assert not any(learned[start:start + len(open_turn) - 1])  # feedback is not learned in SFT either
 
 
 def test_feedback_turn_chat_template():
     fmt = ChatFormat(chat_template=CHATML, eos_token="<|im_end|>")
-    assert feedback_turn_segments("bad", fmt) == [("\n<|im_start|>user\nbad<|im_end|>\n<|im_start|>assistant\n", False)]
-    assert feedback_turn_segments("bad", fmt, turn_closed=False) == [
-        ("<|im_end|>\n<|im_start|>user\nbad<|im_end|>\n<|im_start|>assistant\n", False)]
+    assert feedback_turn_segments("bad", fmt) == [("\n<|im_start|>user\n", False), ("bad", False),
+                                                  ("<|im_end|>\n<|im_start|>assistant\n", False)]
+    assert "".join(t for t, _ in feedback_turn_segments("bad", fmt, turn_closed=False)) == \
+        "<|im_end|>\n<|im_start|>user\nbad<|im_end|>\n<|im_start|>assistant\n"
+    kinds = [type(t).__name__ for t, _ in feedback_turn_segments("bad", fmt)]
+    assert kinds == ["Markup", "str", "Markup"]  # only the template's text may hold special tokens
 
 
 # -- config ---------------------------------------------------------------------------------------
@@ -418,7 +421,7 @@ def test_turn_scorer_takes_the_pools_message_and_sends_the_request(env):
     fb = scorer.turns[0][0]["feedback"]
     assert len(tok.encode_batch([fb])[0].ids) <= rl.feedback_max_tokens < len(long_msg)  # the trainer's token cap
     assert fb.startswith("x") and fb.endswith(MARKER.strip())
-    assert out[0] == feedback_turn_ids(fb, fmt, tok.encode_batch, 0, turn_closed=True)
+    assert out[0] == feedback_turn_ids(fb, fmt, tok, 0, turn_closed=True)
     out = scorer([(0, 1, ans("yes"))], last=True)
     assert out == {0: None} and scorer.turns[0][1]["seed"] == turn_seed(0, 1)
     sent = {k: r for k, _, _, r in svc.asked}

@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     for split in args.splits.split(","):
         rows = [json.loads(line) for line in open(os.path.join(data_dir, f"{split}.jsonl"))]
         prompts = [tokenize_segments(prompt_segments([{"role": "user", "content": r["instruction"]}], fmt),
-                                     tok.encode_batch, eos)[0] for r in rows]
+                                     tok, eos)[0] for r in rows]
 
         def run_gen(temp: float, k: int) -> List[List[str]]:
             ps = [p for p in prompts for _ in range(k)]

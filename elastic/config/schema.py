@@ -74,6 +74,12 @@ class DataSection:
     prefetch_steps: int = 2
     # How many malformed rows are reported verbatim (all are counted).
     report_bad_rows: int = 5
+    # Whether a special token's spelling in the data set's text (a document, a message's
+    # content, a DPO answer) means that token, for a corpus rendered with its own markers. Off
+    # (the default): data is text, and only the chat template makes special tokens, so a row
+    # cannot forge an end of turn or of document. Program output and environment messages in RL
+    # are always text, whatever this says.
+    parse_special_tokens: bool = False
     # Append the global sample ids trained on, per step and worker, to <run dir>/ledger.jsonl.
     ledger: bool = False
 

@@ -20,19 +20,52 @@ is rejected with a one-line error.
 
 The same rendering gives GRPO's prompts (`render_prompt`), so a policy sees at RL time exactly
 the prompt format it was fine-tuned on.
+
+Text that did not come from the template is encoded as text (issue 58): a message's content, a
+program's or verifier's output fed back to the policy, an environment's message. Only the
+template's own text (:class:`Markup`) may contain special tokens; a special token's spelling
+inside content (``<|endoftext|>``, ``<|im_end|>``, ``<|assistant|>``) stays those characters, so
+a policy cannot forge a turn or the end of its sequence. With a chat template the content is
+found by rendering the conversation with a probe in place of each message (the template's text
+is what is left); a template that rewrites content other than trimming it is rendered as one
+piece, and such a row is refused (RowError) when its content spells a special token. A data set
+whose text means its special tokens sets ``data.parse_special_tokens`` (ChatFormat field).
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from elastic.data.tokenizer import plain_copy
 
 ROLES = ("system", "user", "assistant")
 EOS = None  # a segment whose text is None stands for the tokenizer's EOS token
 
-Segment = Tuple[Optional[str], bool]  # (text or EOS, learned?)
+Segment = Tuple[Optional[str], bool]  # (text or EOS, learned?); text is Markup, Unsplit or content
+
+
+class Markup(str):
+    """Template text (role headers, end-of-turn markers): the only text whose special-token
+    spellings are parsed into special ids. Any other str in a segment is content, encoded as
+    text. Concatenating or slicing gives a plain str (content): the safe side."""
+
+
+class Unsplit(str):
+    """A chat template's rendering whose content could not be told apart from the template's
+    text (the template rewrites content): encoded with special tokens parsed, and only if none
+    of `contents` spells one (tokenize_segments checks; else RowError)."""
+
+    contents: Tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, text: str, contents: Sequence[str]) -> "Unsplit":
+        u = cls(text)
+        u.contents = tuple(contents)
+        return u
 
 
 class RowError(ValueError):
@@ -49,6 +82,9 @@ class ChatFormat:
     chat_template: Optional[str] = None  # Jinja source; None: the built-in template
     eos_token: str = "<|endoftext|>"
     bos_token: str = ""
+    # data.parse_special_tokens: message contents that spell a special token mean it (a data
+    # set rendered with its own markers). Off: contents are text. Never on for program output.
+    parse_special_tokens: bool = False
 
 
 def row_messages(obj: Any, fmt: ChatFormat) -> List[Dict[str, str]]:
@@ -90,8 +126,11 @@ def learned(message: Dict[str, Any]) -> bool:
     return message.get("weight", 1) != 0
 
 
-def _builtin_header(role: str) -> str:
-    return f"<|{role}|>\n"
+def _builtin_header(role: str) -> Markup:
+    return Markup(f"<|{role}|>\n")
+
+
+_NL = Markup("\n")
 
 
 @functools.lru_cache(maxsize=8)
@@ -112,6 +151,74 @@ def _render(fmt: ChatFormat, messages: Sequence[Dict[str, str]], add_generation_
                                                eos_token=fmt.eos_token, bos_token=fmt.bos_token)
 
 
+_PROBE = re.compile("\ue000(\\d+)\ue001")
+
+
+def _render_pieces(fmt: ChatFormat, messages: Sequence[Dict[str, str]], add_generation_prompt: bool) -> List[str]:
+    """The template's rendering as pieces that join to it: Markup (the template's text) and
+    content (messages' text, as is or trimmed by the template). The template is rendered once
+    more with a probe in place of each content; what is not a probe is the template's. A
+    template that rewrites content otherwise gives one Unsplit piece."""
+    real = _render(fmt, messages, add_generation_prompt)
+    contents = [m["content"] for m in messages]
+    if any("\ue000" in c for c in contents):
+        return [Unsplit.of(real, contents)] if real else []
+    probe = [{**m, "content": f"\ue000{i}\ue001"} for i, m in enumerate(messages)]
+    parts = _PROBE.split(_render(fmt, probe, add_generation_prompt))  # text, index, text, index, ..., text
+    out: List[str] = []
+    at = 0
+    for k, part in enumerate(parts):
+        if k % 2 == 0:
+            if not real.startswith(part, at):
+                return [Unsplit.of(real, contents)] if real else []
+            out.append(Markup(part))
+            at += len(part)
+            continue
+        c, after = contents[int(part)], parts[k + 1]
+        for cand in (c, c.strip()):  # as is, or trimmed (`| trim`, Llama 3's template)
+            if real.startswith(cand, at) and real.startswith(after, at + len(cand)):
+                out.append(cand)
+                at += len(cand)
+                break
+        else:
+            return [Unsplit.of(real, contents)] if real else []
+    if at != len(real):
+        return [Unsplit.of(real, contents)] if real else []
+    return _merged(out)
+
+
+def _merged(pieces: Sequence[str]) -> List[str]:
+    """Drop empty pieces and join neighbouring Markup (an empty message leaves two side by side):
+    the template's text is encoded in one piece, as it was before content was cut out of it."""
+    out: List[str] = []
+    for p in pieces:
+        if not p:
+            continue
+        if out and isinstance(p, Markup) and type(out[-1]) is Markup:
+            out[-1] = Markup(out[-1] + p)
+        else:
+            out.append(p)
+    return out
+
+
+def _cut(pieces: Sequence[str], start: int, end: Optional[int] = None) -> List[str]:
+    """The pieces' text from character `start` to `end`, each piece keeping its kind."""
+    out: List[str] = []
+    at = 0
+    for p in pieces:
+        lo, hi = max(start, at), min(len(p) + at, end if end is not None else len(p) + at)
+        if lo < hi:
+            out.append(p if (lo, hi) == (at, at + len(p)) else _same_kind(p, p[lo - at:hi - at]))
+        at += len(p)
+    return out
+
+
+def _same_kind(piece: str, text: str) -> str:
+    if isinstance(piece, Unsplit):
+        return Unsplit.of(text, piece.contents)
+    return Markup(text) if isinstance(piece, Markup) else text
+
+
 def render_segments(messages: Sequence[Dict[str, str]], fmt: ChatFormat) -> List[Segment]:
     """The conversation as ordered segments; the document's final EOS is left to packing."""
     if fmt.chat_template is None:
@@ -122,22 +229,22 @@ def render_segments(messages: Sequence[Dict[str, str]], fmt: ChatFormat) -> List
                 if i != len(messages) - 1:
                     segs.append((EOS, learned(m)))  # ends the turn (the document's last EOS is packing's)
             else:
-                segs.append((_builtin_header(m["role"]) + m["content"] + "\n", False))
-        return segs
+                segs += [(_builtin_header(m["role"]), False), (m["content"], False), (_NL, False)]
+        return [sg for sg in segs if sg[0] is None or sg[0]]
     segs = []
     done = ""
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        before = _render(fmt, messages[:i], add_generation_prompt=True)
-        upto = _render(fmt, messages[:i + 1], add_generation_prompt=False)
+        before_p = _render_pieces(fmt, messages[:i], add_generation_prompt=True)
+        upto_p = _render_pieces(fmt, messages[:i + 1], add_generation_prompt=False)
+        before, upto = "".join(before_p), "".join(upto_p)
         if not before.startswith(done) or not upto.startswith(before):
             raise RowError("the tokenizer's chat_template does not render a conversation as a prefix of its extension")
-        segs += [(before[len(done):], False), (upto[len(before):], learned(m))]
+        segs += [(p, False) for p in _cut(before_p, len(done))] + [(p, learned(m)) for p in _cut(upto_p, len(before))]
         done = upto
-    full = _render(fmt, messages, add_generation_prompt=False)
-    if len(full) > len(done):
-        segs.append((full[len(done):], False))
+    full_p = _render_pieces(fmt, messages, add_generation_prompt=False)
+    segs += [(p, False) for p in _cut(full_p, len(done))]
     return [s for s in segs if s[0]]
 
 
@@ -146,8 +253,9 @@ def prompt_segments(messages: Sequence[Dict[str, str]], fmt: ChatFormat) -> List
     same segments SFT tokenized (segments are tokenized separately, so a prompt tokenized as
     one string would not be the token sequence the policy was fine-tuned on)."""
     if fmt.chat_template is None:
-        return [(_builtin_header(m["role"]) + m["content"] + "\n", False) for m in messages] + [(_builtin_header("assistant"), False)]
-    return [(_render(fmt, messages, add_generation_prompt=True), False)]
+        segs = [sg for m in messages for sg in ((_builtin_header(m["role"]), False), (m["content"], False), (_NL, False))]
+        return [sg for sg in segs if sg[0]] + [(_builtin_header("assistant"), False)]
+    return [(p, False) for p in _render_pieces(fmt, messages, add_generation_prompt=True)]
 
 
 def feedback_turn_segments(feedback: str, fmt: ChatFormat, turn_closed: bool = True) -> List[Segment]:
@@ -165,23 +273,26 @@ def feedback_turn_segments(feedback: str, fmt: ChatFormat, turn_closed: bool = T
     """
     if fmt.chat_template is None:
         segs: List[Segment] = [] if turn_closed else [(EOS, False)]
-        return segs + [(_builtin_header("user") + feedback + "\n", False), (_builtin_header("assistant"), False)]
+        segs += [(_builtin_header("user"), False), (feedback, False), (_NL, False), (_builtin_header("assistant"), False)]
+        return [sg for sg in segs if sg[0] is None or sg[0]]
     answer = "\u2063answer\u2063"  # a probe no template rewrites
     probe = [{"role": "user", "content": "question"}, {"role": "assistant", "content": answer}]
     before = _render(fmt, probe, add_generation_prompt=False)
-    after = _render(fmt, probe + [{"role": "user", "content": feedback}], add_generation_prompt=True)
+    after_p = _render_pieces(fmt, probe + [{"role": "user", "content": feedback}], add_generation_prompt=True)
+    after = "".join(after_p)
     if answer not in before or not after.startswith(before):
         raise RowError("the tokenizer's chat_template does not render a conversation as a prefix of its extension")
     end = before[before.rindex(answer) + len(answer):]
     k = end.find(fmt.eos_token) if (turn_closed and fmt.eos_token) else -1
     end = end[k + len(fmt.eos_token):] if k >= 0 else end
-    return [(end + after[len(before):], False)]
+    return [(p, False) for p in _merged([Markup(end), *_cut(after_p, len(before))])]
 
 
-def feedback_turn_ids(feedback: str, fmt: ChatFormat, encode_batch, eos_id: int, turn_closed: bool = True) -> List[int]:
-    """Token ids of :func:`feedback_turn_segments` (``encode_batch``: a HF tokenizer's, as for
-    :func:`tokenize_segments`); every one is masked out of the loss."""
-    return tokenize_segments(feedback_turn_segments(feedback, fmt, turn_closed), encode_batch, eos_id)[0]
+def feedback_turn_ids(feedback: str, fmt: ChatFormat, tok, eos_id: int, turn_closed: bool = True) -> List[int]:
+    """Token ids of :func:`feedback_turn_segments` (``tok``: a HF `tokenizers.Tokenizer`, as for
+    :func:`tokenize_segments`); every one is masked out of the loss. The feedback is a
+    program's output: always encoded as text, whatever ``fmt.parse_special_tokens`` says."""
+    return tokenize_segments(feedback_turn_segments(feedback, fmt, turn_closed), tok, eos_id)[0]
 
 
 def render_prompt(messages: Sequence[Dict[str, str]], fmt: ChatFormat) -> str:
@@ -194,12 +305,44 @@ def plain_text(messages: Sequence[Dict[str, str]]) -> str:
     return "".join(_builtin_header(m["role"]) + m["content"] + "\n" for m in messages)
 
 
-def tokenize_segments(segments: Sequence[Segment], encode_batch, eos_id: int) -> Tuple[List[int], List[bool]]:
+def special_spellings(tok) -> List[str]:
+    """The spellings of `tok`'s special tokens (none for a tokenizer-like without any)."""
+    if not hasattr(tok, "get_added_tokens_decoder"):
+        return []
+    return [t.content for t in tok.get_added_tokens_decoder().values() if t.special and t.content]
+
+
+class _Batch:
+    def __init__(self, encode_batch) -> None:
+        self.encode_batch = encode_batch
+
+
+def tokenize_segments(segments: Sequence[Segment], tok, eos_id: int,
+                      parse_special_tokens: bool = False) -> Tuple[List[int], List[bool]]:
     """Token ids and per-token learned flags of a rendered conversation. Segments are encoded
-    separately (their boundaries are the loss-mask boundaries). `encode_batch`: a HF
-    `tokenizers.Tokenizer.encode_batch` (returns Encodings)."""
-    texts = [t for t, _ in segments if t is not None]
-    encoded = iter([e.ids for e in encode_batch(texts)] if texts else [])
+    separately (their boundaries are the loss-mask boundaries). `tok`: a HF
+    `tokenizers.Tokenizer` (or anything with its `encode_batch`). Markup segments are encoded
+    with special tokens parsed; content as text (unless `parse_special_tokens`: a data set that
+    means its special tokens). An Unsplit segment is parsed, refused (RowError) when one of its
+    message contents spells a special token."""
+    if not hasattr(tok, "encode_batch"):  # a bare encode_batch function (a tokenizer without special tokens)
+        tok = _Batch(tok)
+    plain = tok if parse_special_tokens else plain_copy(tok)
+    if not parse_special_tokens:
+        spellings = None
+        for t, _ in segments:
+            if isinstance(t, Unsplit):
+                spellings = special_spellings(tok) if spellings is None else spellings
+                bad = next((sp for sp in spellings for c in t.contents if sp in c), None)
+                if bad is not None:
+                    raise RowError(f"a message spells the special token {bad!r} and the tokenizer's chat_template "
+                                   f"rewrites message content, so it cannot be kept as text (data.parse_special_tokens "
+                                   f"if the data set means it)")
+    marked = [t for t, _ in segments if t is not None and isinstance(t, (Markup, Unsplit))]
+    texts = [t for t, _ in segments if t is not None and not isinstance(t, (Markup, Unsplit))]
+    enc_m = iter([e.ids for e in tok.encode_batch(marked)] if marked else [])
+    enc_t = iter([e.ids for e in plain.encode_batch(texts)] if texts else [])
+    encoded = (next(enc_m) if isinstance(t, (Markup, Unsplit)) else next(enc_t) for t, _ in segments if t is not None)
     ids: List[int] = []
     mask: List[bool] = []
     for text, learn in segments:

@@ -44,6 +44,9 @@ class DataPlan:
     # each shard's documents before tokenization, with the `curate` section's settings.
     curate_stages: tuple = ()
     curate: Any = None
+    # data.parse_special_tokens: a special token's spelling in a document means that token (a
+    # corpus with its own markers). Off: documents are text (nanoGPT's encode_ordinary).
+    parse_special_tokens: bool = False
 
     @property
     def num_shards(self) -> int:
@@ -77,7 +80,7 @@ def prepare_data_plan(source: str, glob: str, fmt: str, text_field: str, tokeniz
                       tokenizer_sample_mb: float, seq_len: int, shard_mb: float, seed: int, shuffle: bool,
                       tokenizer_save_path: str = "", tokenize_cpus: float = 1.0, report_bad_rows: int = 5,
                       chat: Optional[ChatFormat] = None, overlong: str = "truncate", curate_stages=(),
-                      curate=None) -> DataPlan:
+                      curate=None, parse_special_tokens: bool = False) -> DataPlan:
     """Driver-side planning; raises DataError (one line) for missing or unreadable input.
     With `chat` (SFT) rows are conversations; the format's template and special tokens are
     completed from the tokenizer (its own chat_template wins over the built-in one)."""
@@ -95,8 +98,10 @@ def prepare_data_plan(source: str, glob: str, fmt: str, text_field: str, tokeniz
         raise DataError(f"data.vocab_size {vocab_size}: the tokenizer has {tok.vocab_size} tokens; raise data.vocab_size")
     if chat is not None:
         chat = dataclasses.replace(chat, chat_template=chat.chat_template or tok.chat_template,
-                                   eos_token=tok.eos_token, bos_token=tok.bos_token)
+                                   eos_token=tok.eos_token, bos_token=tok.bos_token,
+                                   parse_special_tokens=parse_special_tokens)
     return DataPlan(shards=shards, tokenizer=tok, seq_len=seq_len, text_field=text_field, seed=seed, shuffle=shuffle,
                     tokenize_cpus=tokenize_cpus, report_bad_rows=report_bad_rows,
                     corpus_bytes=sum(f.size for f in files), files=len(files), chat=chat, overlong=overlong,
-                    curate_stages=tuple(curate_stages), curate=curate if curate_stages else None)
+                    curate_stages=tuple(curate_stages), curate=curate if curate_stages else None,
+                    parse_special_tokens=parse_special_tokens)

@@ -199,15 +199,15 @@ def _split_answer(segments):
     return segs[:j], segs[j:]
 
 
-def encode_pair(context: List[Dict[str, str]], chosen: str, rejected: str, chat: ChatFormat, encode_batch,
+def encode_pair(context: List[Dict[str, str]], chosen: str, rejected: str, chat: ChatFormat, tok,
                 eos_id: int) -> Tuple[List[int], List[int], List[int]]:
     """(prompt ids, chosen ids, rejected ids); each answer ends with EOS, as SFT learned it."""
     out = []
     prompt: Optional[List[int]] = None
     for text in (chosen, rejected):
         p_segs, a_segs = _split_answer(render_segments(context + [{"role": "assistant", "content": text}], chat))
-        p_ids, _ = tokenize_segments(p_segs, encode_batch, eos_id)
-        a_ids, _ = tokenize_segments(a_segs + [(EOS, True)], encode_batch, eos_id)
+        p_ids, _ = tokenize_segments(p_segs, tok, eos_id, chat.parse_special_tokens)
+        a_ids, _ = tokenize_segments(a_segs + [(EOS, True)], tok, eos_id, chat.parse_special_tokens)
         if prompt is not None and p_ids != prompt:
             raise RowError("the chat template renders the prompt differently for the two answers")
         prompt = p_ids
@@ -278,7 +278,7 @@ def load_pairs(source: str, glob: str, fmt_name: str, fmt: PairFormat, chat: Cha
         try:
             margin = _margin(obj, fmt.margin_field) if fmt.margin_field else 0.0
             context, chosen, rejected = pair_messages(obj, fmt)
-            p, c, r = encode_pair(context, chosen, rejected, chat, tokenizer.encode_batch, eos_id)
+            p, c, r = encode_pair(context, chosen, rejected, chat, tokenizer, eos_id)
         except RowError as e:
             bad.add("bad_pair", f"{loc} ({e})")
             continue

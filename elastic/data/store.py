@@ -43,7 +43,7 @@ from elastic.data.packing import positions_from_doc_ids
 from elastic.data.shards import Shard
 from elastic.data.sources import filesystem_for
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: content encoded as text, special tokens only from templates (issue 58)
 BATCH_BYTES = 64 * 2**10  # target size of one record batch: the unit a reader fetches
 COMPRESSION = "zstd"      # ~0.1 CPU-s per 4 MiB shard (<5% of tokenizing it); files ~1/6 of raw int32
 BUILDS = "builds.jsonl"
@@ -64,6 +64,7 @@ def packing_key(plan) -> str:
         "seq_len": plan.seq_len, "text_field": plan.text_field,
         "chat": dataclasses.asdict(plan.chat) if plan.chat is not None else None,
         "overlong": plan.overlong if plan.chat is not None else None,
+        "parse_special_tokens": getattr(plan, "parse_special_tokens", False),
         **({"curate": [list(plan.curate_stages), dataclasses.asdict(plan.curate)]} if getattr(plan, "curate_stages", ()) else {}),
     })
 

@@ -18,7 +18,7 @@ from elastic.data.chat import render_segments, tokenize_segments
 from elastic.data.documents import BadRows, read_shard
 from elastic.data.packing import pack_documents
 from elastic.data.shards import Shard
-from elastic.data.tokenizer import from_json
+from elastic.data.tokenizer import from_json, plain_copy
 
 
 @dataclass
@@ -73,7 +73,8 @@ def pack_shard(plan, shard: Shard, tok=None, curator=None) -> PackedShard:
         docs, curated = curate_docs(docs, curator if curator is not None else shard_curator(plan))
     tok = tok if tok is not None else from_json(plan.tokenizer.json)
     if plan.chat is None:
-        ids = [e.ids for e in tok.encode_batch(docs)] if docs else []
+        enc = tok if getattr(plan, "parse_special_tokens", False) else plain_copy(tok)  # documents are text
+        ids = [e.ids for e in enc.encode_batch(docs)] if docs else []
         packed = pack_documents(ids, plan.seq_len, plan.tokenizer.eos_id, plan.tokenizer.pad_id)
     else:
         packed, long_rows = _tokenize_conversations(docs, plan, tok)
@@ -88,7 +89,8 @@ def _tokenize_conversations(texts: List[str], plan, tok) -> Tuple[Dict[str, np.n
     eos = plan.tokenizer.eos_id
     ids_all, masks, long_rows = [], [], BadRows(keep=plan.report_bad_rows)
     for i, t in enumerate(texts):
-        ids, mask = tokenize_segments(render_segments(json.loads(t), plan.chat), tok.encode_batch, eos)
+        ids, mask = tokenize_segments(render_segments(json.loads(t), plan.chat), tok, eos,
+                                       plan.chat.parse_special_tokens)
         if len(ids) + 1 > plan.seq_len:
             if plan.overlong == "skip":
                 long_rows.add("too_long", f"conversation {i} of its shard ({len(ids) + 1} tokens > data.seq_len {plan.seq_len})")

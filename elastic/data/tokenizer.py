@@ -19,6 +19,10 @@ from elastic.data.sources import DataError
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
+# The built-in chat template's role markers (elastic/data/chat.py). They are special tokens of
+# the tokenizer trained here, so text encoded as text (a message's content, a program's output)
+# can never produce them: a policy cannot forge a turn in its own context.
+ROLE_MARKERS = ("<|system|>", "<|user|>", "<|assistant|>")
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int) -> Tokenizer:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, PAD],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS, PAD, *ROLE_MARKERS],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
@@ -113,6 +117,29 @@ def load_or_train(given: str, saved_path: str, sample: List[str], vocab_size: in
             tok.save(tmp)
             os.replace(tmp, saved_path)
     return _info(tok, sample[:64], config)
+
+
+def missing_role_markers(tok: Tokenizer) -> List[str]:
+    """The built-in template's role markers that are not special tokens of `tok` (a tokenizer
+    trained before they were, or a given one without a chat_template): with those the headers
+    are plain text, which a message could spell."""
+    special = {t.content for t in tok.get_added_tokens_decoder().values() if t.special}
+    return [m for m in ROLE_MARKERS if m not in special]
+
+
+def plain_copy(tok):
+    """`tok` with special-token parsing off (`encode_special_tokens`): text that did not come
+    from a template (a data set's message, a program's output) is encoded as text, so a special
+    token's spelling in it never becomes that token's id. One copy per tokenizer object, kept on
+    it. A tokenizer-like object without the setting (it has no special tokens) is its own copy."""
+    plain = getattr(tok, "_elastic_plain", None)
+    if plain is None:
+        if not hasattr(tok, "encode_special_tokens"):
+            return tok
+        plain = Tokenizer.from_str(tok.to_str())
+        plain.encode_special_tokens = True
+        tok._elastic_plain = plain
+    return plain
 
 
 @functools.lru_cache(maxsize=4)

@@ -34,7 +34,8 @@ class TokenizerView:
     """What evaluation needs of a tokenizer, as lm-eval 0.4's HFLM uses it: `encode` with the
     tokenizer's own default for special tokens (a post-processor that adds BOS, as Llama 3's
     does, adds it; ours adds nothing), `encode_plain` without them (a continuation after an
-    empty context), `decode` skipping special tokens, the prefix token (BOS if the tokenizer
+    empty context), both encoding text as text (special-token spellings in a task's text are
+    characters, issue 58), `decode` skipping special tokens, the prefix token (BOS if the tokenizer
     has one, else EOS) and EOS, which always stops generation."""
 
     encode: Callable[[str], List[int]]
@@ -42,6 +43,9 @@ class TokenizerView:
     decode: Callable[[List[int]], str]
     eos_id: int
     prefix_id: int
+    # A task's stop strings (its YAML's `until`, config, not data): special tokens parsed, so
+    # `until: ["<|im_end|>"]` stops on that token's id. None: `encode`.
+    encode_stop: Optional[Callable[[str], List[int]]] = None
 
     @classmethod
     def from_file(cls, tokenizer_json: str) -> "TokenizerView":
@@ -60,9 +64,13 @@ class TokenizerView:
 
     @classmethod
     def of(cls, tok, eos: int, bos: Optional[int]) -> "TokenizerView":
-        return cls(encode=lambda s: tok.encode(s).ids, encode_plain=lambda s: tok.encode(s, add_special_tokens=False).ids,
+        from elastic.data.tokenizer import plain_copy
+
+        text = plain_copy(tok)  # a task's text is text: a special token's spelling in it stays characters
+        return cls(encode=lambda s: text.encode(s).ids, encode_plain=lambda s: text.encode(s, add_special_tokens=False).ids,
                    decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-                   eos_id=eos, prefix_id=bos if bos is not None else eos)
+                   eos_id=eos, prefix_id=bos if bos is not None else eos,
+                   encode_stop=lambda s: tok.encode(s, add_special_tokens=False).ids)
 
 
 @dataclass
@@ -139,7 +147,7 @@ class ItemEvaluator:
         n = spec.samples
         flat = [p for p in prompts for _ in range(n)]
         seeds = [seed * 1_000_003 + i * 1009 + s for i, _, _ in items for s in range(n)]  # per item, not per shard
-        stop_seqs = [ids for ids in (self.tok.encode(s) for s in spec.until) if ids]
+        stop_seqs = [ids for ids in map(self.tok.encode_stop or self.tok.encode, spec.until) if ids]
         comps = self._generate(flat, max_new, spec.temperature if n > 1 else 0.0, spec.top_p, seeds, stop_seqs)
         texts = [cut_at_stops(self.tok.decode(c.tokens), spec.until) for c in comps]
         out = []

@@ -73,7 +73,8 @@ def plan_mixture(cfg: Config, local_dir: str) -> JobData:
     for src in d.mixture:
         p = _offset_ids(prepare_data_plan(src, d.glob, d.format, d.text_field, tok, d.vocab_size, d.tokenizer_sample_mb,
                                           d.seq_len, d.shard_mb, cfg.run.seed, d.shuffle, tokenize_cpus=d.tokenize_cpus,
-                                          report_bad_rows=d.report_bad_rows, curate_stages=d.curate, curate=cfg.curate), offset)
+                                          report_bad_rows=d.report_bad_rows, curate_stages=d.curate, curate=cfg.curate,
+                                          parse_special_tokens=d.parse_special_tokens), offset)
         offset += p.num_shards
         if ev.every_steps > 0 and not ev.source:
             k = max(1, round(ev.fraction * p.num_shards))
@@ -91,9 +92,24 @@ def plan_mixture(cfg: Config, local_dir: str) -> JobData:
     if ev.source:
         e = prepare_data_plan(ev.source, d.glob, d.format, d.text_field, tok, d.vocab_size, d.tokenizer_sample_mb, d.seq_len,
                               d.shard_mb, cfg.run.seed, d.shuffle, tokenize_cpus=d.tokenize_cpus, report_bad_rows=d.report_bad_rows,
-                              curate_stages=d.curate, curate=cfg.curate)
+                              curate_stages=d.curate, curate=cfg.curate, parse_special_tokens=d.parse_special_tokens)
         return JobData(train, _offset_ids(e, offset))
     return JobData(train, dataclasses.replace(plans[0], shards=held))
+
+
+def role_marker_warning(tokenizer_json: str, chat: Optional[ChatFormat]) -> Optional[str]:
+    """One line when the built-in template renders conversations with a tokenizer whose role
+    markers are not special tokens (one trained before they were, or a given one without a
+    chat_template): its headers are then plain text that a message can spell."""
+    if chat is None or chat.chat_template is not None:
+        return None
+    from elastic.data.tokenizer import from_json, missing_role_markers
+
+    missing = missing_role_markers(from_json(tokenizer_json))
+    if not missing:
+        return None
+    return (f"[elastic] warning: the tokenizer has no special {' '.join(missing)} token(s): the built-in chat template's "
+            "role headers are plain text, which a message can spell (retrain the tokenizer here, or use one with a chat_template)")
 
 
 def chat_format(cfg: Config) -> ChatFormat:
@@ -167,7 +183,8 @@ def plan_job_data(cfg: Config, local_dir: str, kind: str) -> JobData:
         p = prepare_data_plan(src, d.glob, d.format, d.text_field, tokenizer, d.vocab_size, d.tokenizer_sample_mb,
                               d.seq_len, d.shard_mb, cfg.run.seed, d.shuffle, tokenizer_save_path=tok_path,
                               tokenize_cpus=d.tokenize_cpus, report_bad_rows=d.report_bad_rows, chat=chat,
-                              overlong=cfg.sft.overlong, curate_stages=d.curate, curate=cfg.curate)
+                              overlong=cfg.sft.overlong, curate_stages=d.curate, curate=cfg.curate,
+                              parse_special_tokens=d.parse_special_tokens)
         if chat is not None and cfg.sft.template == "builtin":
             p = dataclasses.replace(p, chat=dataclasses.replace(p.chat, chat_template=None))
         return p

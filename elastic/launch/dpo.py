@@ -21,7 +21,7 @@ from elastic.data.chat import ChatFormat
 from elastic.data.preference import PairFormat, PairSet, code_opt_pair_rows, holdout_split, load_pairs
 from elastic.data.sources import DataError
 from elastic.data.tokenizer import from_json, load_or_train
-from elastic.launch.data_plans import CODE_OPT, keep_tokenizer
+from elastic.launch.data_plans import CODE_OPT, keep_tokenizer, role_marker_warning
 from elastic.launch.driver import JobLaunch, JobResult, RunPaths, build_torch_trainer, run_job
 # (before any Ray activity: see elastic/launch/pretrain.py)
 from elastic.launch.dpo_reference import reference_table
@@ -67,7 +67,11 @@ class DPOLaunch(JobLaunch):
         self.tok = load_or_train(tok_path, "", [], cfg.data.vocab_size)
         keep_tokenizer(tok_path, paths.local_dir)
         self.chat = ChatFormat(chat_template=None if cfg.sft.template == "builtin" else self.tok.chat_template,
-                               eos_token=self.tok.eos_token, bos_token=self.tok.bos_token)
+                               eos_token=self.tok.eos_token, bos_token=self.tok.bos_token,
+                               parse_special_tokens=cfg.data.parse_special_tokens)
+        warning = role_marker_warning(self.tok.json, self.chat)
+        if warning:
+            say(warning)
         d, fmt = cfg.dpo, self.pair_format(cfg)
         train_src, held_src = dpo_sources(cfg, paths.local_dir)
         tokenizer = from_json(self.tok.json)

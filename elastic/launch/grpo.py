@@ -16,7 +16,7 @@ from elastic.config.load import resolved_tokenizer
 from elastic.data.chat import ChatFormat
 from elastic.data.sources import DataError
 from elastic.data.tokenizer import load_or_train
-from elastic.launch.data_plans import keep_tokenizer
+from elastic.launch.data_plans import keep_tokenizer, role_marker_warning
 from elastic.launch.driver import JobLaunch, JobResult, RunPaths, build_torch_trainer, run_job
 # (before any Ray activity: see elastic/launch/pretrain.py)
 from elastic.reward.service import start_service
@@ -146,7 +146,11 @@ class GRPOLaunch(JobLaunch):
         self.tok = load_or_train(tok_path, "", [], cfg.data.vocab_size)
         keep_tokenizer(tok_path, paths.local_dir)  # the run carries its tokenizer (export, reports)
         self.chat = ChatFormat(chat_template=None if cfg.sft.template == "builtin" else self.tok.chat_template,
-                               eos_token=self.tok.eos_token, bos_token=self.tok.bos_token)
+                               eos_token=self.tok.eos_token, bos_token=self.tok.bos_token,
+                               parse_special_tokens=cfg.data.parse_special_tokens)
+        warning = role_marker_warning(self.tok.json, self.chat)
+        if warning:
+            say(warning)
         self.cfg = cfg
         self.service = None
         self.rm = None

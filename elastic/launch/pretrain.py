@@ -11,7 +11,7 @@ from typing import Optional, TextIO
 from elastic.config import Config
 from elastic.data.cursor import Cursor
 from elastic.data.pipeline import DataPlan
-from elastic.launch.data_plans import JobData, plan_job_data
+from elastic.launch.data_plans import JobData, plan_job_data, role_marker_warning
 from elastic.launch.driver import JOB_WORK_ENV, JobLaunch, JobResult, RunPaths, build_torch_trainer, fault_env, run_job
 from elastic.train import checkpoint_files as ckpt_lib
 # Imported here, before any Ray activity: under `ray job submit` the job's working dir can be
@@ -130,6 +130,9 @@ class LMLaunch(JobLaunch):
         if self.dataset is not None:
             self._snapshot_source(cfg, paths, say)
         self.data = plan_data(cfg, paths, self.kind)
+        warning = role_marker_warning(self.data.train.tokenizer.json, self.data.train.chat)
+        if warning:
+            say(warning)
         self.eval_tasks = plan_eval_tasks(cfg)
 
     def describe(self) -> list:

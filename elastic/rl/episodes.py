@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from elastic.data.chat import ChatFormat, feedback_turn_ids
+from elastic.data.tokenizer import plain_copy
 from elastic.generation.episodes import Episode, turn_seed
 from elastic.reward.feedback import MARKER
 from elastic.reward.request import Request
@@ -149,10 +150,10 @@ class Feedback:
         fb = result.feedback
         if fb is None:
             return None, None
-        ids = [e.ids for e in self.tok.encode_batch([fb])][0]
+        ids = [e.ids for e in plain_copy(self.tok).encode_batch([fb])][0]  # as feedback_turn_ids encodes it
         if len(ids) > self.rl.feedback_max_tokens:  # the message's own tokens; the template's come on top
             fb = self.tok.decode(cap_tokens(ids, self.rl.feedback_max_tokens, self.marker), skip_special_tokens=False)
-        return fb, feedback_turn_ids(fb, self.chat, self.tok.encode_batch, self.eos_id, turn_closed=turn_closed)
+        return fb, feedback_turn_ids(fb, self.chat, self.tok, self.eos_id, turn_closed=turn_closed)
 
 
 class TurnScorer:

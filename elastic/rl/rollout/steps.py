@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Sequence
 
 from elastic.data.chat import ChatFormat, prompt_segments, tokenize_segments
-from elastic.data.tokenizer import from_json
+from elastic.data.tokenizer import from_json, plain_copy
 from elastic.rl.prompts import PromptStream, flat, group_of, rank_completions
 from elastic.rl.seeds import rollout_seed
 
@@ -19,9 +19,9 @@ def message_tokens(rl: Any, tok: Any, chat: ChatFormat, eos_id: int, text: str) 
     or the text as is (raw: base models, code continuation). The planner's prompts and, with
     rl.env, the environment's first messages (on the trainers and on a rollout actor) come this way."""
     if rl.prompt_format == "raw":
-        return list(tok.encode(text, add_special_tokens=True).ids)
+        return list(plain_copy(tok).encode(text, add_special_tokens=True).ids)
     segs = prompt_segments([{"role": "user", "content": text}], chat)
-    return tokenize_segments(segs, tok.encode_batch, int(eos_id))[0]
+    return tokenize_segments(segs, tok, int(eos_id))[0]
 
 
 class StepPlanner:
