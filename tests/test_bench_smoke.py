@@ -174,3 +174,15 @@ def test_trl_peer_smoke(tmp_path):
     assert s["tokens_ratio"] == s["ours"][0]["real_tokens_per_s"] / best > 0
     assert "GRPO s/step" in stdout and "SFT ratio vs TRL's best layout" in stdout
     assert any("sandbox" in m for m in res["mismatches"]) and res["context"]["trl"]
+
+
+def test_rollout_buffer_stall_smoke(tmp_path):
+    """bench/rollout_buffer_stall.py at toy sizes: both sides measured, the ratio its table quotes."""
+    out = tmp_path / "rb.json"
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "rollout_buffer_stall.py"), "--sizes", "8,32", "--tokens", "16",
+                        "--reps", "1", "--out", str(out)], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [x["completions"] for x in rows] == [8, 32] and "ratio = table_stall_s / json_stall_s" in r.stdout
+    for x in rows:
+        assert x["ratio"] == x["table_stall_s"] / x["json_stall_s"] and x["parquet_mb"] > 0 and x["json_mb"] > 0

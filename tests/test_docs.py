@@ -67,6 +67,7 @@ REGISTRY: Dict[str, List[str]] = {
                        "tests/test_scaling_ladder.py::test_bad_ladder_config_is_one_line_before_any_run"],
     "bench/eval_throughput.py": ["tests/test_bench_smoke.py::test_eval_throughput_smoke"],
     "bench/python_tests_throughput.py": ["tests/test_bench_smoke.py::test_python_tests_throughput_smoke"],
+    "bench/rollout_buffer_stall.py": ["tests/test_bench_smoke.py::test_rollout_buffer_stall_smoke"],
     "bench/train_throughput.py": ["tests/test_bench_smoke.py::test_gpu_check_smoke"],  # runs its --smoke
 }
 

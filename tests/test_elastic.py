@@ -35,3 +35,15 @@ def test_scale_up_down_and_worker_kill_in_one_run(tmp_path):
     assert lc["steps_compared"] == STEPS
     assert lc["max_rel_diff"] < 1e-4, lc
     assert 0 < r["recovery"]["goodput"] <= 1
+
+
+def test_a_node_that_joins_and_dies_before_the_first_checkpoint(tmp_path):
+    """Issue 58 item 6: the group grows to 2 on a node that joins, the node dies before any
+    checkpoint; the run starts over at 1 worker on the head and finishes."""
+    from elastic.launch.drill import run_early_loss_drill
+
+    r = run_early_loss_drill(str(tmp_path), steps=40, timeout=400)
+    assert r["exit_code"] == 0, r
+    assert r["checkpoints_before_kill"] == [] and r["last_step"] == 40
+    ws = r["world_sizes"]
+    assert 2 in ws and ws[-1] == 1, ws  # grew to 2, then finished at 1 after the loss

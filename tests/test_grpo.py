@@ -11,11 +11,13 @@ import os
 import time
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 
 from elastic.config import load_config
 from elastic.launch.grpo import run_grpo
 from elastic.launch.pretrain import run_pretraining
+from elastic.rl.rollout.buffer_table import from_table
 from tests.conftest import REPO
 from tests.helpers import read_jsonl
 
@@ -412,8 +414,11 @@ def test_disaggregated_off_policy_run_survives_a_killed_rollout_actor_and_resume
     run_grpo(grpo_overrides(store, "k", policy, STEPS, **ov, **{"train.until_step": 2}), progress=False)
     monkeypatch.delenv("ELASTIC_FAULT_KILL_ROLLOUT")
     assert marker.exists()
-    state = json.loads((store / "k" / "step_00000002" / "train_state.json").read_text())
-    assert sorted(state["rollout_buffer"]) == ["2"] and {r["version"] for r in state["rollout_buffer"]["2"]} == {1}
+    ck = store / "k" / "step_00000002"
+    state = json.loads((ck / "train_state.json").read_text())  # the buffer is a table beside the shards
+    assert state["rollout_buffer"] == {"$table": "rollout_buffer.parquet", "rows": 8}
+    buffered = from_table(pq.read_table(ck / "rollout_buffer.parquet"))
+    assert sorted(buffered) == ["2"] and {r["version"] for r in buffered["2"]} == {1}
     one = _disagg(**{"rl.max_staleness": 1, "rl.rollout.workers": 1, "scaling.min_workers": 1, "scaling.max_workers": 1})
     run_grpo(grpo_overrides(store, "k", policy, STEPS, **one), progress=False)
 

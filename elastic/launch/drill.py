@@ -167,6 +167,42 @@ def run_drill(out_dir: str, steps: int = 40, add_after: int = 4, gap: int = 3, t
         cluster.stop()
 
 
+def run_early_loss_drill(out_dir: str, steps: int = 16, timeout: float = 600) -> Dict:
+    """A node that joins and dies before the run's first checkpoint (issue 58 item 6): world size
+    1 on the head, a node joins and the group grows to 2, the node is SIGKILLed before any save
+    (the only save is the final one), the run starts over at world size 1 and must finish."""
+    os.makedirs(out_dir, exist_ok=True)
+    storage = os.path.join(out_dir, "runs")
+    hold = os.path.join(out_dir, "hold-data")
+    cluster = LocalCluster(head_cpus=2, head_resources={"trainer": 1},
+                           env={"PYTHONPATH": REPO, "RAY_TRAIN_ENABLE_STATE_TRACKING": "0",
+                                "ELASTIC_FAULT_DATA_HOLD": hold}).start()
+    try:
+        job = Job(cluster, storage, "early", drill_overrides(storage, "early", steps, 1, 2, [f"checkpoint.every_steps={10 * steps}"]),
+                  os.path.join(out_dir, "early.log"))
+        t0 = time.time()
+        job.wait_for(lambda: job.steps_at(1, t0) >= 2, "2 steps at world size 1", timeout)
+        open(hold, "w").close()  # no batch until the group has grown (see run_drill)
+        node = cluster.add_node(num_cpus=1, resources={"trainer": 1})
+        t_add = time.time()
+        try:
+            job.wait_for(lambda: any(e["event"] == "resize_decision" and e.get("num_workers") == 2 and e["time"] >= t_add
+                                     for e in job.events()), "Ray Train's decision to resize to 2 workers", timeout)
+        finally:
+            os.remove(hold)
+        job.wait_for(lambda: job.steps_at(2, t_add) >= 1, "a step at world size 2", timeout)
+        saved_before = sorted(n for n in os.listdir(job.dir) if n.startswith("step_"))
+        node.kill()
+        t_kill = time.time()
+        rc = job.finish(timeout)
+        m = job.metrics()
+        return {"exit_code": rc, "wall_s": time.time() - t0, "recover_s": time.time() - t_kill,
+                "checkpoints_before_kill": saved_before, "last_step": m[-1]["step"] if m else None,
+                "world_sizes": [r["world_size"] for r in m], "recovery": analyze(job.dir)}
+    finally:
+        cluster.stop()
+
+
 def cache_check(cache_root: str) -> Dict:
     """Tokenized once: every cached shard has exactly one committed build in the cache's records."""
     from elastic.data.store import build_summary

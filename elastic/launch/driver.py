@@ -473,7 +473,10 @@ def _run_followed(cfg: Config, launch: JobLaunch, paths: RunPaths, choice, say, 
             trainer = launch.trainer(cfg, paths, gpu)
             wait("the Ray Train controller")
             try:
-                result = call_interruptibly(trainer.fit)
+                from elastic.launch.runtime.cluster_watch import ClusterWatch
+
+                with ClusterWatch(bundles, words, say):  # nodes that leave may leave it too small
+                    result = call_interruptibly(trainer.fit)
             finally:
                 job_s = time.time() - t0  # job time, the one figure the report, summary and console show
                 if progress:

@@ -53,6 +53,7 @@ from elastic.rl.algorithms.overlong import overlong_penalty
 from elastic.eval.pass_at_k import mean_pass_at_k
 from elastic.rl.prompts import completion_id, flat, group_of, rank_completions
 from elastic.rl.seeds import derive_seed
+from elastic.train.checkpoint_files import TableRef, TableState
 from elastic.train.job import Job, Update, WorkerContext
 from elastic.train.step import LossFn, LossOutput, Micro, StepOutput, batch_attention, to_device
 
@@ -259,7 +260,12 @@ class GRPOJob(Job):
 
             self.fleet = FleetClient(coordinator_name(cfg.run.name), ctx.rank, ctx.world_size, rl.rollout.sync_every,
                                      rl.rollout.bucket_mb)
-            self.fleet.reset(self._cursor // rl.prompts_per_step, state.get("rollout_buffer"), ctx.comm)
+            buffered = state.get("rollout_buffer")
+            if ctx.leader and isinstance(buffered, TableRef):  # read from the checkpoint by the one rank that sends it
+                from elastic.rl.rollout.buffer_table import from_table
+
+                buffered = from_table(buffered.read())
+            self.fleet.reset(self._cursor // rl.prompts_per_step, buffered if ctx.leader else None, ctx.comm)
 
     def _reference_model(self) -> torch.nn.Module:
         """The frozen starting policy (model.init_from), sharded like the policy."""
@@ -665,8 +671,12 @@ class GRPOJob(Job):
     def state(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"prompt_cursor": self._cursor}
         if self.fleet is not None and self.ctx.leader:  # rank 0 writes train_state.json
-            # The generated steps whose policy versions the checkpoint no longer has.
-            out["rollout_buffer"] = self.fleet.buffer(self._cursor // self.rl.prompts_per_step)
+            # The generated steps whose policy versions the checkpoint no longer has: a Parquet
+            # table beside the shards, made and written by the save's background write.
+            from elastic.rl.rollout.buffer_table import rows_in, to_table
+
+            buffered = self.fleet.buffer(self._cursor // self.rl.prompts_per_step)
+            out["rollout_buffer"] = TableState(buffered, to_table, rows_in(buffered))
         return out
 
     def evaluate(self, step: int) -> Dict[str, Any]:

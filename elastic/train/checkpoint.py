@@ -56,7 +56,8 @@ from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 # Names and readers of the files on storage live in a torch-free module (the driver reads them):
-from elastic.train.checkpoint_files import DIR_RE, STATE_FILE, checkpoint_dir_name, latest_complete, read_train_state  # noqa: F401
+from elastic.train.checkpoint_files import (DIR_RE, STATE_FILE, TABLE_KEY, TableState, checkpoint_dir_name,  # noqa: F401
+                                            latest_complete, read_train_state, resolve_tables)
 
 PARTIAL = ".partial"  # `step_NNNNNNNN.partial`: a local checkpoint still being written
 STAGE_PREFIX = "elastic-ckpt-"  # local stage dirs: elastic-ckpt-<pid>-XXXX in the temp dir
@@ -112,6 +113,23 @@ def _write_state_file(d: str, train_state: Dict[str, Any]) -> None:
     os.replace(tmp, os.path.join(d, STATE_FILE))
 
 
+def split_tables(train_state: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, TableState]]:
+    """(the JSON state, with each TableState replaced by its file's reference; the tables)."""
+    tables = {k: v for k, v in train_state.items() if isinstance(v, TableState)}
+    js = {k: ({TABLE_KEY: f"{k}.parquet", "rows": v.rows} if k in tables else v) for k, v in train_state.items()}
+    return js, tables
+
+
+def write_tables(d: str, tables: Dict[str, TableState]) -> None:
+    """Each table as `<key>.parquet` in `d` (via a temporary name: never half a file)."""
+    import pyarrow.parquet as pq
+
+    for k, t in tables.items():
+        tmp = os.path.join(d, f"{k}.parquet.tmp")
+        pq.write_table(t.to_table(t.payload), tmp)
+        os.replace(tmp, os.path.join(d, f"{k}.parquet"))
+
+
 def fault_delay_s(step: int, rank: int) -> float:
     """Fault injection for drills and tests: ELASTIC_FAULT_CKPT_DELAY="rank=R,step=S,seconds=X"
     makes rank R stall X seconds inside its write of checkpoint S, before any of its data is
@@ -157,7 +175,9 @@ def save_local(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_s
         msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=trainable_only))
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=out)
         if dist.get_rank() == 0:
-            _write_state_file(out, train_state)
+            js, tables = split_tables(train_state)
+            write_tables(out, tables)
+            _write_state_file(out, js)
     except BaseException:
         cleanup_local(out)
         raise
@@ -346,6 +366,8 @@ class Checkpointer:
             return None
         with ckpt.as_directory() as d:
             raw = load(d, model, optimizer, self.trainable_only, aux=aux)
+        # Table entries (the rollout buffer) stay on storage until the job reads them.
+        raw = resolve_tables(raw, ckpt.path, ckpt.filesystem)
         self.resumed_from = ckpt.path
         return TrainState.from_json(raw, self.job_keys)
 
@@ -362,10 +384,12 @@ class Checkpointer:
         state.time = time.time()
         name = checkpoint_dir_name(state.step)
         out = _stage_dir() if self.remote else f"{_local(self.run_dir)}/{name}{PARTIAL}"
+        tables: Dict[str, TableState] = {}
         try:
             os.makedirs(out, exist_ok=True)
             if self.rank == 0:
-                _write_state_file(out, state.to_json())
+                js, tables = split_tables(state.to_json())
+                _write_state_file(out, js)
             msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=self.trainable_only))
             sd = {"model": msd, "optim": osd, **_aux_state(aux)}
             writer = _Writer(out, fault_delay_s(state.step, self.rank))
@@ -375,10 +399,10 @@ class Checkpointer:
                 staged = self._stager.stage(sd)  # after this, training may change the live tensors
                 if not stager_reusable(self._stager):
                     self._stager = None  # the next save builds its own (torch 2.11, 2.12)
-                future = self._pool.submit(self._write, staged, writer, out, name, self._pg)
+                future = self._pool.submit(self._write, staged, writer, out, name, self._pg, tables)
             else:
                 future = Future()
-                future.set_result(self._write(sd, writer, out, name, None))
+                future.set_result(self._write(sd, writer, out, name, None, tables))
         except BaseException:
             if self.remote:
                 cleanup_local(out)
@@ -389,11 +413,15 @@ class Checkpointer:
             self._complete()
         return {"checkpoint_s": time.perf_counter() - t0, "checkpoint_stall_s": stall, "checkpoint_wait_s": wait_s}
 
-    def _write(self, sd: Dict[str, Any], writer: _Writer, out: str, name: str, pg) -> float:
-        """This rank's write (background thread when asynchronous): DCP into `out`, then, on
-        remote storage, the upload of this rank's files and the deletion of the stage."""
+    def _write(self, sd: Dict[str, Any], writer: _Writer, out: str, name: str, pg,
+               tables: Optional[Dict[str, TableState]] = None) -> float:
+        """This rank's write (background thread when asynchronous): rank 0's tables (Parquet),
+        DCP into `out`, then, on remote storage, the upload of this rank's files and the
+        deletion of the stage."""
         t0 = time.perf_counter()
         try:
+            if tables:
+                write_tables(out, tables)
             if self.remote and self.rank == 0:
                 # Leftovers of an attempt that crashed inside this step's upload. No other rank
                 # uploads before DCP's collectives, which need rank 0 to have got past here.

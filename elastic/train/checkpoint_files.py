@@ -14,6 +14,45 @@ STATE_FILE = "train_state.json"
 DIR_RE = re.compile(r"^step_(\d{8})$")
 
 
+TABLE_KEY = "$table"  # a job-state entry written as a Parquet file beside the shards
+
+
+class TableState:
+    """A job-state value too big for `train_state.json` (the asynchronous rollout buffer: token
+    ids and log-probs of every in-flight completion). The checkpoint writes it as
+    `<key>.parquet` beside the DCP shards, in the save's background write (so the saving step
+    does not stall on it), and `train_state.json` keeps only `{"$table": "<key>.parquet",
+    "rows": n}`. `to_table(payload)` makes the pyarrow Table; it runs on the writer thread."""
+
+    def __init__(self, payload: Any, to_table: Any, rows: int) -> None:
+        self.payload, self.to_table, self.rows = payload, to_table, int(rows)
+
+
+class TableRef:
+    """A TableState read back lazily: `read()` loads the Parquet file (from local disk or a
+    pyarrow filesystem) only when the job asks for it."""
+
+    def __init__(self, path: str, filesystem: Any = None, rows: int = 0) -> None:
+        self.path, self.filesystem, self.rows = path, filesystem, rows
+
+    def read(self):
+        import pyarrow.parquet as pq
+
+        return pq.read_table(self.path, filesystem=self.filesystem)
+
+    def __repr__(self) -> str:
+        return f"TableRef({self.path!r}, rows={self.rows})"
+
+
+def resolve_tables(state: Dict[str, Any], ckpt_path: str, filesystem: Any = None) -> Dict[str, Any]:
+    """`train_state.json`'s table entries as TableRefs to their files in `ckpt_path`."""
+    out = dict(state)
+    for k, v in state.items():
+        if isinstance(v, dict) and TABLE_KEY in v:
+            out[k] = TableRef(f"{ckpt_path.rstrip('/')}/{v[TABLE_KEY]}", filesystem, int(v.get("rows", 0)))
+    return out
+
+
 def checkpoint_dir_name(step: int) -> str:
     return f"step_{step:08d}"
 
