@@ -72,19 +72,12 @@ class Window:
         return max(1.0, min(cap, self.left()))
 
 
-def _run_json(cmd: List[str], path: str, timeout: float) -> Dict[str, Any]:
-    """A bench script that writes `path`: its exit, its results, or why there are none."""
+def _run_json(gc, cmd: List[str], path: str, timeout: float) -> Dict[str, Any]:
+    """gpu_check's `_json_run` (exit, results, or why there are none), stopped at the window."""
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=timeout)
+        return gc._json_run(cmd, path, timeout=int(max(1, timeout)), tail=12)
     except subprocess.TimeoutExpired:
         return {"returncode": -9, "error": f"timed out after {timeout:.0f} s (the window)"}
-    out: Dict[str, Any] = {"returncode": r.returncode, "stdout_tail": r.stdout.strip().splitlines()[-12:]}
-    if os.path.exists(path):
-        with open(path) as f:
-            out["results"] = json.load(f)
-    elif r.returncode:
-        out["error"] = (r.stderr.strip().splitlines() or [""])[-1]
-    return out
 
 
 def part_grpo(gc, smoke: bool, storage: str, w: Window, logs: str) -> Dict[str, Any]:
@@ -106,7 +99,7 @@ def part_throughput_1b(gc, smoke: bool, storage: str, w: Window, logs: str) -> D
     """Ours at one shape through Ray Train, then the HF peer at the same shape."""
     path = os.path.join(storage, "tp1b.json")
     args = ["--smoke", "--ac", "none"] if smoke else THROUGHPUT_1B
-    ours = _run_json([sys.executable, os.path.join(HERE, "train_throughput.py"), *args, "--out", path], path, w.timeout())
+    ours = _run_json(gc, [sys.executable, os.path.join(HERE, "train_throughput.py"), *args, "--out", path], path, w.timeout())
     rows = (ours.get("results") or {}).get("results") or []
     row = rows[0] if rows else {}
     targs = (ours.get("results") or {}).get("args") or {}
@@ -132,7 +125,7 @@ def part_throughput_1b(gc, smoke: bool, storage: str, w: Window, logs: str) -> D
 def part_generation_1b(gc, smoke: bool, storage: str, w: Window, logs: str) -> Dict[str, Any]:
     path = os.path.join(storage, "gen1b.json")
     args = ["--smoke"] if smoke else ["--presets", "1b", "--batch", "16", "--new-tokens", "64", "--repeats", "1"]
-    return _run_json([sys.executable, os.path.join(HERE, "generate_throughput.py"), *args, "--out", path], path,
+    return _run_json(gc, [sys.executable, os.path.join(HERE, "generate_throughput.py"), *args, "--out", path], path,
                      w.timeout())
 
 

@@ -104,13 +104,19 @@ def final_losses(metrics: List[Dict]) -> Dict[int, float]:
     return out
 
 
-def run_drill(out_dir: str, steps: int = 40, add_after: int = 4, gap: int = 3, timeout: float = 900, baseline: bool = True) -> Dict:
+def _drill_cluster(out_dir: str):
+    """(storage dir, hold file, a started head with 2 CPUs and 1 trainer slot): the drills' set-up.
+    While the hold file exists the train workers get no batch (see run_drill)."""
     os.makedirs(out_dir, exist_ok=True)
-    storage = os.path.join(out_dir, "runs")
     hold = os.path.join(out_dir, "hold-data")
     cluster = LocalCluster(head_cpus=2, head_resources={"trainer": 1},
                            env={"PYTHONPATH": REPO, "RAY_TRAIN_ENABLE_STATE_TRACKING": "0",
                                 "ELASTIC_FAULT_DATA_HOLD": hold}).start()
+    return os.path.join(out_dir, "runs"), hold, cluster
+
+
+def run_drill(out_dir: str, steps: int = 40, add_after: int = 4, gap: int = 3, timeout: float = 900, baseline: bool = True) -> Dict:
+    storage, hold, cluster = _drill_cluster(out_dir)
     injected: List[Dict] = []
     try:
         job = Job(cluster, storage, "drill", drill_overrides(storage, "drill", steps, 1, 2), os.path.join(out_dir, "drill.log"))
@@ -171,12 +177,7 @@ def run_early_loss_drill(out_dir: str, steps: int = 16, timeout: float = 600) ->
     """A node that joins and dies before the run's first checkpoint (issue 58 item 6): world size
     1 on the head, a node joins and the group grows to 2, the node is SIGKILLed before any save
     (the only save is the final one), the run starts over at world size 1 and must finish."""
-    os.makedirs(out_dir, exist_ok=True)
-    storage = os.path.join(out_dir, "runs")
-    hold = os.path.join(out_dir, "hold-data")
-    cluster = LocalCluster(head_cpus=2, head_resources={"trainer": 1},
-                           env={"PYTHONPATH": REPO, "RAY_TRAIN_ENABLE_STATE_TRACKING": "0",
-                                "ELASTIC_FAULT_DATA_HOLD": hold}).start()
+    storage, hold, cluster = _drill_cluster(out_dir)
     try:
         job = Job(cluster, storage, "early", drill_overrides(storage, "early", steps, 1, 2, [f"checkpoint.every_steps={10 * steps}"]),
                   os.path.join(out_dir, "early.log"))
