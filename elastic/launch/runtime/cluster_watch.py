@@ -39,10 +39,13 @@ class ClusterWatch:
             import ray
 
             total = ray.cluster_resources()
-        lack = shortfall(self.bundles, total, total)
         # Against the totals only: "in use" is what the run itself holds; this asks whether the
         # cluster could hold the run at all.
-        if "the cluster has" not in lack:
+        need: Dict[str, float] = {}
+        for bundle in self.bundles:
+            for k, v in bundle.items():
+                need[k] = need.get(k, 0.0) + v
+        if all(total.get(k, 0.0) + 1e-9 >= v for k, v in need.items()):
             self._short_since = None
             if self.said is not None:
                 self.said = None
@@ -50,6 +53,7 @@ class ClusterWatch:
                 self.say(line)
                 return line
             return None
+        lack = shortfall(self.bundles, total, total)  # the words
         if self._short_since is None:
             self._short_since = now
         if now - self._short_since >= self.after_s and lack != self.said:
