@@ -5,7 +5,7 @@ standard error, against the wall clock (issue 57, "a recipe where GRPO clearly l
     .venv/bin/python bench/grpo_learns.py --collect runs/grpo-a runs/grpo-b ...   # runs made already
 
 What runs: the SFT warm start (jobs/configs/sft-graded-python.yaml: the 800-step schedule stopped
-at step 300; skipped with --policy), then for each seed `jobs/grpo.py --config
+at step 350; skipped with --policy), then for each seed `jobs/grpo.py --config
 jobs/configs/grpo-graded-python.yaml --set model.init_from=<policy> --set run.seed=<seed>` (2 CPU
 workers, the python_tests verifier in its sandbox on the reward pool). Each run's own held-out
 evaluation gives the figures: 256 held-out tasks (datasets/graded-tasks/python/heldout.jsonl),
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
             cmd = [PY, "jobs/sft.py", "--config", SFT_CONFIG, "--set", f"run.storage_path={scratch}"]
             commands.append(" ".join(cmd[1:]))
             subprocess.run(cmd, cwd=REPO, check=True)
-            policy = str(scratch / "sft-graded-python" / "step_00000300")
+            policy = str(sorted((scratch / "sft-graded-python").glob("step_*"))[-1])  # train.until_step
         runs = []
         for seed in [int(x) for x in a.seeds.split(",")]:
             cmd = [PY, "jobs/grpo.py", "--config", GRPO_CONFIG, "--set", f"model.init_from={policy}",

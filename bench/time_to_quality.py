@@ -1,10 +1,10 @@
 """The race: wall-clock time to a held-out pass@1 target, ours against TRL's GRPOTrainer (issue 57).
 
-    .venv/bin/python bench/time_to_quality.py [--policy <sft-graded-python run>/step_00000300]
+    .venv/bin/python bench/time_to_quality.py [--policy <sft-graded-python run>/step_00000350]
         [--budget-s 600] [--save-every-s 60] [--steps 400] [--fault] [--seed 0]
 
 Both sides start from the same policy: the graded-python SFT warm start (an 800-step schedule
-stopped at step 300, jobs/configs/sft-graded-python.yaml; trained here, off both clocks, unless
+stopped at step 350, jobs/configs/sft-graded-python.yaml; trained here, off both clocks, unless
 `--policy` names it), exported to Hugging Face format with jobs/export_hf.py, which TRL loads.
 
 * **Ours**: `jobs/grpo.py --config jobs/configs/grpo-graded-python.yaml` with the policy as
@@ -431,7 +431,7 @@ def plot(res: Dict[str, Any], path: Path) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--policy", default="", help="our SFT checkpoint (sft-graded-python step_00000300); default: train it here")
+    ap.add_argument("--policy", default="", help="our SFT checkpoint (sft-graded-python step_00000350); default: train it here")
     ap.add_argument("--budget-s", type=float, default=600.0, help="each side's wall seconds from its command")
     ap.add_argument("--save-every-s", type=float, default=60.0, help="both sides save a checkpoint this often")
     ap.add_argument("--steps", type=int, default=800, help="our train.steps (an upper bound: the budget stops it)")
