@@ -316,8 +316,8 @@ def trl_sft(work: Path, pol: Dict[str, Path], steps: int, layout: str, tag: str)
     return {"figures": f}
 
 
-def sft_rows(tokenizer_json: Path) -> Dict[str, List]:
-    """The SFT rows tokenized as our SFT does (segments, loss mask, final EOS)."""
+def sft_rows(tokenizer_json: Path, path: Path = REPO / "datasets/python-tasks/sft.jsonl") -> Dict[str, List]:
+    """The SFT rows of `path` tokenized as our SFT does (segments, loss mask, final EOS)."""
     from elastic.data.chat import ChatFormat, render_segments, row_messages, tokenize_segments
     from elastic.data.tokenizer import from_json, info_from_file
 
@@ -325,7 +325,7 @@ def sft_rows(tokenizer_json: Path) -> Dict[str, List]:
     tok = from_json(info.json)
     chat = ChatFormat()
     ids, masks = [], []
-    with open(REPO / "datasets/python-tasks/sft.jsonl") as f:
+    with open(path) as f:
         for line in f:
             msgs = row_messages(json.loads(line), chat)
             i, m = tokenize_segments(render_segments(msgs, chat) + [(None, True)], tok, info.eos_id)
