@@ -73,7 +73,7 @@ class TokenMeanLoss:
     learned tokens / `tokens` (the whole step's learned-token count, set before each step)."""
 
     def __init__(self) -> None:
-        self.tokens = 1
+        self.tokens: torch.Tensor | int = 1
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         nll = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE, reduction="sum")
@@ -121,7 +121,7 @@ class Pipeline:
 
     def step(self, tokens: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor,
              doc_ids: torch.Tensor) -> Optional[torch.Tensor]:
-        self.loss.tokens = max(1, int((labels != IGNORE).sum()))
+        self.loss.tokens = (labels != IGNORE).sum().clamp(min=1)  # a tensor: no host sync on a GPU
         losses: List[torch.Tensor] = []
         kw = {"positions": positions, "doc_ids": doc_ids}
         if self.has_first:
