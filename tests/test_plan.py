@@ -72,6 +72,7 @@ def test_layouts_keep_tp_to_what_the_heads_split_into():
     lays = list(layouts_for(s, 8))
     assert {lay.tp for lay in lays} == {1, 2}  # 4 and 8 do not split 2 key/value heads
     assert all(lay.gpus == 8 for lay in lays) and len(lays) == 2 * (4 + 3)  # (dp 8: 4 splits; dp 4: 3) x AC off/on
+    assert {lay.pp for lay in lays} == {1}  # no pipeline unless asked (max_pp)
 
 
 def test_cli_lists_the_8b_layouts_that_fit_eight_80gb_gpus(capsys):
@@ -79,3 +80,43 @@ def test_cli_lists_the_8b_layouts_that_fit_eight_80gb_gpus(capsys):
     out = capsys.readouterr().out
     assert out.startswith("8b (vocab 128256) on 8 x 80 GiB") and "| 1 | 8 | 1 | off |" in out
     assert plan_main(["--preset", "70b", "--gpus", "8", "--gpu-gib", "80"]) == 1  # 16 B/param of 70B > 8 x 80 GB
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_pipeline_terms_are_the_end_stage_of_the_real_split(tied):
+    """With pp, the state and gathered terms count the largest stage of elastic/model/stages.py's
+    split (an end stage: its blocks and the embedding or the output with the final norm; a tied
+    model's last stage holds its own copy of the embedding); activations stay L blocks' worth
+    (1F1B keeps pp micro-batches of L/pp blocks in flight); p2p is one activation in, one out."""
+    from elastic.model.stages import split_stages
+
+    s = dict(dim=64, n_layers=4, n_heads=4, n_kv_heads=2, ffn_hidden=128, tie_embeddings=tied)
+    vocab, pp = 300, 2
+    m = Transformer(ModelArgs(**s, vocab_size=vocab, max_seq_len=64))
+    stages = split_stages(m, pp, list(range(pp)))
+    biggest = max(sum(p.numel() for p in st.parameters()) for st in stages)
+    p = shape_params(s, vocab)
+    lay = LayoutSpec(dp_shard=2, tp=2, ac=False, pp=pp)
+    fp = footprint(s, vocab, lay, seq_len=64, micro_batch=2, compute_bytes=2)
+    assert fp.parts["state"] == 16 * biggest / 4
+    assert fp.parts["gathered"] == 2 * (2 * p["B"] + vocab * 64 + 64) / 2
+    assert fp.parts["activations"] == footprint(s, vocab, LayoutSpec(dp_shard=4, tp=2), 64, 2).parts["activations"]
+    assert fp.parts["p2p"] == 2 * 2 * 128 * 64 / 2 and lay.gpus == 8
+    with pytest.raises(ValueError, match="pp=3 does not divide 4 layers"):
+        footprint(s, vocab, LayoutSpec(pp=3), 64, 2)
+
+
+def test_plan_reaches_for_pp_only_when_nothing_without_it_fits(capsys):
+    s = dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_hidden=128)
+    assert {lay.pp for lay in layouts_for(s, 8, max_pp=8)} == {1, 2}  # pp divides the 2 layers
+    # 70B on 64 x 80 GB: layouts without pp fit, and every one of them ranks before any with pp
+    assert plan_main(["--preset", "70b", "--gpus", "64", "--gpu-gib", "80", "--seq-len", "8192"]) == 0
+    rows = [r.split("|")[1:-1] for r in capsys.readouterr().out.splitlines() if r.startswith("| ") and "yes" in r]
+    pps = [int(r[4]) for r in rows]
+    assert pps[0] == 1 and pps == sorted(pps) and {8, 16} <= set(pps)
+    # FSDP kept inside each node (8 HSDP replicas of tp 8) does not fit; 8 stages of tp 8 do
+    pp8 = next(r for r in rows if [x.strip() for x in r[:5]] == ["1", "1", "8", "on", "8"])
+    assert float(pp8[10]) < 40
+    assert plan_main(["--preset", "70b", "--gpus", "64", "--gpu-gib", "80", "--seq-len", "8192", "--all"]) == 0
+    out = capsys.readouterr().out
+    assert "| 8 | 1 | 8 | on | 1 |" in out and "| 8 | 1 | 8 | on | 1 | 131.4 |" in out

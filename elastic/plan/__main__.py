@@ -17,12 +17,15 @@ def main(argv=None) -> int:
     ap.add_argument("--seq-len", type=int, default=4096)
     ap.add_argument("--micro-batch", type=int, default=1, help="sequences per micro-batch on one data-parallel rank")
     ap.add_argument("--max-tp", type=int, default=8, help="the largest tp (GPUs of one node)")
+    ap.add_argument("--max-pp", type=int, default=0,
+                    help="the most pipeline stages (default: any that divides the layers; ranked after every fit without)")
     ap.add_argument("--all", action="store_true", help="also the layouts that do not fit")
     a = ap.parse_args(argv)
     if a.preset not in SHAPES:
         ap.error(f"--preset: unknown {a.preset!r} (known: {', '.join(SHAPES)})")
     vocab = a.vocab or VOCAB[a.preset]
-    rows = plan(SHAPES[a.preset], vocab, a.gpus, a.gpu_gib, a.seq_len, a.micro_batch, max_tp=a.max_tp)
+    rows = plan(SHAPES[a.preset], vocab, a.gpus, a.gpu_gib, a.seq_len, a.micro_batch, max_tp=a.max_tp,
+                max_pp=a.max_pp or a.gpus)
     fit = [r for r in rows if r.fits(a.gpu_gib * 2**30)]
     print(f"{a.preset} (vocab {vocab}) on {a.gpus} x {a.gpu_gib:g} GiB, seq {a.seq_len} x micro-batch {a.micro_batch}, "
           f"bf16 compute: {len(fit)} of {len(rows)} layouts fit (GiB per GPU; formulas: elastic/plan/memory.py)")

@@ -24,8 +24,22 @@ n_kv_heads x head_dim, f ffn_hidden, V vocabulary, L layers, c the compute dtype
 plus a reserve of 10% and 1 GiB (CUDA context, allocator fragmentation, communication
 buffers). Sequence parallelism divides the activations by tp (each rank keeps T/tp positions
 of the norms and the residual stream); attention is assumed to keep no T x T matrix (flash,
-flex or the per-document backends). Pipeline parallelism is not built, so no layout here has
-it. The estimate is an upper bound of what FSDP2 holds at once, not a measurement on a GPU.
+flex or the per-document backends).
+
+Pipeline parallelism (pp stages of L/pp blocks, elastic/train/pipeline.py; 1F1B with at least pp
+micro-batches of `micro_batch` sequences) changes the terms of the worst stage, an end stage:
+
+  state        16 (L/pp B + V h + h) / (dp_shard x tp)   its blocks and one of embedding/output
+  gathered     c (2 B + V h + h) / tp
+  activations  1F1B keeps up to pp micro-batches in flight on the first stage: pp x L/pp blocks'
+               worth = the same L x per-block term as without pp (with activation
+               checkpointing pp x L/pp block inputs + one block's full set)
+  p2p          2 c t h / tp                 the activation received and the gradient sent
+
+so at a fixed GPU count pp lowers the state only as much as sharding over the same GPUs would;
+its use is keeping FSDP's all-gathers inside a node (pp x tp across nodes, see
+docs/parallelism.md). `plan` ranks pp > 1 after every layout without it that fits. The estimate
+is an upper bound of what FSDP2 holds at once, not a measurement on a GPU.
 """
 
 from __future__ import annotations
@@ -47,16 +61,17 @@ RESERVE_FRAC, RESERVE_BYTES = 0.10, 1 * GIB
 
 @dataclass(frozen=True)
 class LayoutSpec:
-    """dp_replicate x dp_shard x tp GPUs; activation checkpointing on or off."""
+    """dp_replicate x dp_shard x tp x pp GPUs; activation checkpointing on or off."""
 
     dp_replicate: int = 1
     dp_shard: int = 1
     tp: int = 1
     ac: bool = False
+    pp: int = 1
 
     @property
     def gpus(self) -> int:
-        return self.dp_replicate * self.dp_shard * self.tp
+        return self.dp_replicate * self.dp_shard * self.tp * self.pp
 
 
 @dataclass
@@ -95,54 +110,66 @@ def footprint(s: Dict, vocab: int, layout: LayoutSpec, seq_len: int, micro_batch
               compute_bytes: int = 2) -> Footprint:
     """Bytes per GPU of one training step at `layout` (module docstring: the terms)."""
     p = shape_params(s, vocab)
-    tp, c, L = layout.tp, compute_bytes, s["n_layers"]
+    tp, pp, c, L, h = layout.tp, layout.pp, compute_bytes, s["n_layers"], s["dim"]
+    if L % pp:
+        raise ValueError(f"pp={pp} does not divide {L} layers")
     t = seq_len * micro_batch
     block_act = c * t * activation_elements_per_token(s) / tp
     if layout.ac:
-        acts = L * c * t * s["dim"] / tp + block_act
+        acts = L * c * t * h / tp + block_act  # pp x L/pp block inputs in flight (1F1B) = L
     else:
         acts = L * block_act
-    return Footprint(layout, {
-        "state": 16 * p["N"] / (layout.dp_shard * tp),
-        "gathered": c * (2 * p["B"] + p["E"]) / tp,
+    # the worst stage: all of it at pp 1, else an end stage (its blocks and the embedding or the output)
+    ends = p["E"] if pp == 1 else vocab * h + h
+    parts = {
+        "state": 16 * (L // pp * p["B"] + ends) / (layout.dp_shard * tp),
+        "gathered": c * (2 * p["B"] + ends) / tp,
         "block_grads": 4 * p["B"] / tp,
         "activations": acts,
         "logits": t * vocab * (c + 4 + 4),
-    })
+    }
+    if pp > 1:
+        parts["p2p"] = 2 * c * t * h / tp
+    return Footprint(layout, parts)
 
 
 def _divisors(n: int) -> List[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def layouts_for(s: Dict, gpus: int, max_tp: int = 8) -> Iterable[LayoutSpec]:
+def layouts_for(s: Dict, gpus: int, max_tp: int = 8, max_pp: int = 1) -> Iterable[LayoutSpec]:
     """Every layout of `gpus` GPUs: tp dividing the heads, key/value heads and ffn (at most
-    `max_tp`, one node), the rest FSDP or HSDP; each with activation checkpointing off and on."""
-    for tp in _divisors(gpus):
-        if tp > max_tp or s["n_heads"] % tp or s["n_kv_heads"] % tp or s["ffn_hidden"] % tp:
+    `max_tp`, one node), pp dividing the layers (at most `max_pp`), the rest FSDP or HSDP; each
+    with activation checkpointing off and on."""
+    for pp in _divisors(gpus):
+        if pp > max_pp or s["n_layers"] % pp:
             continue
-        dp = gpus // tp
-        for rep in _divisors(dp):
-            for ac in (False, True):
-                yield LayoutSpec(rep, dp // rep, tp, ac)
+        for tp in _divisors(gpus // pp):
+            if tp > max_tp or s["n_heads"] % tp or s["n_kv_heads"] % tp or s["ffn_hidden"] % tp:
+                continue
+            dp = gpus // (tp * pp)
+            for rep in _divisors(dp):
+                for ac in (False, True):
+                    yield LayoutSpec(rep, dp // rep, tp, ac, pp)
 
 
 def plan(s: Dict, vocab: int, gpus: int, gpu_gib: float, seq_len: int, micro_batch: int,
-         compute_bytes: int = 2, max_tp: int = 8) -> List[Footprint]:
+         compute_bytes: int = 2, max_tp: int = 8, max_pp: int = 1) -> List[Footprint]:
     """Every layout's footprint, those that fit first; among them the least sharding first
-    (fewer tp ranks, then fewer shards: less communication per step)."""
-    out = [footprint(s, vocab, lay, seq_len, micro_batch, compute_bytes) for lay in layouts_for(s, gpus, max_tp)]
+    (no pipeline, then fewer tp ranks, then fewer shards: less communication and no bubble)."""
+    out = [footprint(s, vocab, lay, seq_len, micro_batch, compute_bytes) for lay in layouts_for(s, gpus, max_tp, max_pp)]
     gpu_bytes = gpu_gib * GIB
-    return sorted(out, key=lambda fp: (not fp.fits(gpu_bytes), fp.layout.tp, fp.layout.ac, fp.layout.dp_shard, fp.total))
+    return sorted(out, key=lambda fp: (not fp.fits(gpu_bytes), fp.layout.pp, fp.layout.tp, fp.layout.ac,
+                                       fp.layout.dp_shard, fp.total))
 
 
 def table(rows: List[Footprint], gpu_gib: float, limit: Optional[int] = None) -> List[str]:
     """Markdown rows: layout, each term and the total in GiB, fits."""
-    lines = ["| dp_replicate | dp_shard | tp | act. ckpt | state | gathered | block grads | activations | logits | total GiB | fits |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| dp_replicate | dp_shard | tp | act. ckpt | pp | state | gathered | block grads | activations | logits | total GiB | fits |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for fp in rows[:limit]:
         L, q = fp.layout, {k: v / GIB for k, v in fp.parts.items()}
-        lines.append(f"| {L.dp_replicate} | {L.dp_shard} | {L.tp} | {'on' if L.ac else 'off'} | {q['state']:.1f} | "
+        lines.append(f"| {L.dp_replicate} | {L.dp_shard} | {L.tp} | {'on' if L.ac else 'off'} | {L.pp} | {q['state']:.1f} | "
                      f"{q['gathered']:.1f} | {q['block_grads']:.1f} | {q['activations']:.1f} | {q['logits']:.1f} | "
                      f"{fp.total / GIB:.1f} | {'yes' if fp.fits(gpu_gib * GIB) else 'no'} |")
     return lines
