@@ -346,7 +346,7 @@ def main(argv=None) -> int:
                 if key == "ours" or budget_tokens is None:
                     budget_tokens = sides[key]["real_tokens"] if not sides[key]["stopped_at_budget"] else None
             else:
-                if budget_tokens is None:  # our schedule's tokens without running it: steps x rows x measured fill
+                if budget_tokens is None:  # ours not run (or cut by the budget): the schedule at full rows, steps x rows x seq_len
                     budget_tokens = STEPS * ROWS_PER_STEP * SEQ
                 sides[key] = trl(work, start, a, key, budget_tokens)
             print(f"[sft-race] {key}: {len(sides[key]['saves'])} saves, {sides[key]['steps_done']} steps, "
