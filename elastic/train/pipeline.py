@@ -32,6 +32,7 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
 from elastic.data.packing import IGNORE
 from elastic.model.llama import Transformer
 from elastic.model.stages import TransformerStage, split_stages, stage_ranges
+from elastic.train.comm import Comm
 
 # name -> (schedule class, several stages per rank?)
 SCHEDULES: Dict[str, tuple] = {
@@ -105,7 +106,7 @@ class Pipeline:
         self.schedule = (cls(self.stages, n_microbatches=microbatches, loss_fn=self.loss, scale_grads=False) if multi
                          else cls(self.stages[0], n_microbatches=microbatches, loss_fn=self.loss, scale_grads=False))
         self.tied = model.args.tie_embeddings
-        self._tied_group = _tied_group(group) if self.tied and pp > 1 else None
+        self._tied_comm = Comm(device, group=_tied_group(group)) if self.tied and pp > 1 else None
         self.has_first = 0 in self.indices
         self.has_last = self.n_stages - 1 in self.indices
 
@@ -145,9 +146,9 @@ class Pipeline:
             first.tok_embeddings.weight.grad, last.output.weight.grad = total, total.clone()
             return
         if first is not None:
-            dist.all_reduce(first.tok_embeddings.weight.grad, group=self._tied_group)
+            self._tied_comm.all_reduce_(first.tok_embeddings.weight.grad)
         if last is not None:
-            dist.all_reduce(last.output.weight.grad, group=self._tied_group)
+            self._tied_comm.all_reduce_(last.output.weight.grad)
 
 
 def _tied_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
