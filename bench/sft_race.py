@@ -64,7 +64,7 @@ from typing import Any, Dict, List, Optional
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.time_to_quality import TRL_ENV, TRL_PINS, kill_tree, read_jsonl, trl_python  # noqa: E402
+from bench.time_to_quality import TRL_ENV, TRL_PINS, kill_tree, our_saves, read_jsonl, trl_python  # noqa: E402
 
 PY = sys.executable
 SFT_CONFIG = "jobs/configs/sft-graded-python.yaml"
@@ -134,14 +134,7 @@ def ours(work: Path, start: Path, a: argparse.Namespace, variant: str) -> Dict[s
     if p.returncode and not stopped:
         tail = "\n".join((work / f"{variant}.log").read_text(errors="replace").splitlines()[-15:])
         raise RuntimeError(f"our SFT ({variant}) exited {p.returncode}:\n{tail}")
-    saves = []
-    for d in sorted(rd.glob("step_*")):
-        st = d / "train_state.json"
-        if d.name.endswith("partial") or not st.exists():
-            continue
-        s = json.loads(st.read_text())
-        if s["time"] - t0 <= a.budget_s:
-            saves.append({"path": str(d), "step": s["step"], "wall_s": s["time"] - t0})
+    saves = our_saves(rd, t0, a.budget_s)
     metrics = [r for r in read_jsonl(rd / "metrics.jsonl") if "step_s" in r]
     return {"command": cmd, "config": SFT_CONFIG, "overrides": sets, "wall_s": wall, "stopped_at_budget": stopped,
             "saves": saves, "steps_done": max((r["step"] for r in metrics), default=0),

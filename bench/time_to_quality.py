@@ -99,6 +99,19 @@ def read_jsonl(path: Path) -> List[Dict[str, Any]]:
     return read_records(str(path))
 
 
+def our_saves(rd: Path, t0: float, budget_s: float) -> List[Dict[str, Any]]:
+    """Our run's complete checkpoints written within the budget: path, step, wall_s from t0."""
+    saves = []
+    for d in sorted(rd.glob("step_*")):
+        st = d / "train_state.json"
+        if d.name.endswith("partial") or not st.exists():
+            continue
+        s = json.loads(st.read_text())
+        if s["time"] - t0 <= budget_s:
+            saves.append({"path": str(d), "step": s["step"], "wall_s": s["time"] - t0})
+    return saves
+
+
 def run(cmd: Sequence[str], log: Path, timeout: float = 3600) -> None:
     with open(log, "w") as f:
         p = subprocess.run(list(cmd), stdout=f, stderr=subprocess.STDOUT, cwd=REPO, timeout=timeout,
@@ -186,14 +199,7 @@ def ours(work: Path, pol: Dict[str, Any], a: argparse.Namespace, fault: bool, va
         time.sleep(0.5)
     wall = time.time() - t0
     kill_tree(p, signal.SIGKILL)  # what Ray left behind
-    saves = []
-    for d in sorted(rd.glob("step_*")):
-        st = d / "train_state.json"
-        if d.name.endswith("partial") or not st.exists():
-            continue
-        s = json.loads(st.read_text())
-        if s["time"] - t0 <= a.budget_s:
-            saves.append({"path": str(d), "step": s["step"], "wall_s": s["time"] - t0})
+    saves = our_saves(rd, t0, a.budget_s)
     metrics = [r for r in read_jsonl(rd / "metrics.jsonl") if "step_s" in r]
     return {"command": cmd, "config": GRPO_CONFIG, "overrides": OURS_SETS[variant], "wall_s": wall, "exit_code": p.returncode,
             "stopped_at_budget": stopped_at_budget, "saves": saves, "fault": injected or None,
