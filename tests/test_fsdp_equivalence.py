@@ -16,8 +16,7 @@ import torch
 
 from elastic.config import from_dict, resolved_model_dims
 from elastic.data.packing import pack_documents
-from elastic.train.loop import build_model, build_sharded_model, layout_of
-from elastic.train.mesh import dp_group
+from elastic.train.loop import build_model, build_sharded_model, worker_mesh
 from elastic.train.optim import build_optimizer
 from elastic.train.comm import Comm
 from elastic.train.step import causal_lm_loss, label_count, split_micro, train_step
@@ -83,8 +82,9 @@ def fsdp_worker(config):
         _with_qk_norm()
     par = {"dp_replicate": config.get("dp_replicate", 1), "tp": config.get("tp", 1)}
     cfg = from_dict({**CFG, "parallel": par, "model": {**CFG["model"], **config.get("model", {})}})
-    model, _, _ = build_sharded_model(cfg, torch.device("cpu"), torch.float32)
-    layout = layout_of(cfg)
+    mesh = worker_mesh(cfg, torch.device("cpu"))
+    model, _, _ = build_sharded_model(cfg, torch.device("cpu"), torch.float32, mesh)
+    layout = mesh.layout
     p = model.layers[0].attention.wq.weight
     if par["tp"] > 1:  # column-wise over tp, then FSDP over the data-parallel axis
         assert p.device_mesh.mesh_dim_names[-1] == "tp" and p.placements[-1] == Shard(0)
@@ -96,7 +96,7 @@ def fsdp_worker(config):
     # Copies: with one data-parallel rank the full state dict may share the live parameters' storage.
     init = {k: v.clone() for k, v in get_model_state_dict(model, options=opts).items()}
     rank = ctx.get_world_rank()
-    losses, norms = run_steps(model, layout.dp, layout.dp_rank(rank), dp_group(layout))
+    losses, norms = run_steps(model, layout.dp, layout.dp_rank(rank), mesh.dp_group())
     full = get_model_state_dict(model, options=opts)
     if ctx.get_world_rank() == 0:
         torch.save({"losses": losses, "grad_norms": norms, "params": full, "init": init}, config["out"])

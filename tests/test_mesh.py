@@ -50,11 +50,38 @@ def test_tp_peers_are_consecutive_ranks_of_one_data_parallel_rank():
     ({"tp": 2, "dp_replicate": 2}, {"min_workers": 2, "max_workers": 2}, "parallel.dp_replicate"),
     ({"dp_replicate": 4}, {"min_workers": 2, "max_workers": 2}, "parallel.dp_replicate"),
     ({"dp_replicat": 2}, {}, "parallel.dp_replicat"),
+    ({"pp": 3}, {"min_workers": 3, "max_workers": 3}, "parallel.pp=3"),             # 3 stages of 4 layers
+    ({"pp": 4}, {"min_workers": 2, "max_workers": 2}, "parallel.pp"),               # more stages than workers
+    ({"pp": 2}, {"min_workers": 2, "max_workers": 3}, "parallel.pp"),               # 3 workers: a stage without its pipeline
+    ({"pp": 2, "pp_microbatches": 1}, {"min_workers": 2, "max_workers": 2}, "parallel.pp_microbatches=1"),
+    ({"pp": 2, "pp_virtual_stages": 2}, {"min_workers": 2, "max_workers": 2}, "parallel.pp_virtual_stages=2"),
+    ({"pp": 2, "pp_schedule": "zigzag"}, {"min_workers": 2, "max_workers": 2}, "parallel.pp_schedule"),
+    ({"pp": 2, "pp_microbatches": 3}, {"min_workers": 2, "max_workers": 2}, "parallel.pp_microbatches"),  # 4-row micro-batches
+    ({"pp": 2, "tp": 2}, {"min_workers": 4, "max_workers": 4}, "parallel.pp"),
 ])
 def test_bad_parallel_config_is_one_line_naming_the_key(parallel, scaling, key):
     with pytest.raises(ConfigError) as e:
         validate(from_dict({"parallel": parallel, "scaling": scaling}))
     assert key in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("job", ["grpo", "dpo", "reward_model"])
+def test_jobs_that_do_not_pipeline_refuse_pp_naming_the_key(job):
+    with pytest.raises(ConfigError, match=r"^parallel.pp: .* does not run pipelined"):
+        validate(from_dict({"parallel": {"pp": 2}, "scaling": {"min_workers": 2, "max_workers": 2}}, job=job), job=job)
+
+
+def test_pipeline_layout_ranks_and_config():
+    lay = layout_for(8, 1, 2, 2)  # pp 2 x dp 2 x tp 2: pp outermost, tp peers consecutive
+    assert (lay.names, lay.shape, lay.dp, lay.unit) == (("pp", "dp_shard", "tp"), (2, 2, 2), 2, 4)
+    assert [lay.pp_rank(r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [lay.dp_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert [lay.tp_rank(r) for r in range(8)] == [0, 1] * 4
+    assert layout_for(4, 2, 1, 2).describe() == "PP 2 x HSDP 2 replicas x 1 shard"
+    with pytest.raises(LayoutError, match="parallel.pp 2 x parallel.tp 2"):
+        layout_for(6, 1, 2, 2)
+    validate(from_dict({"parallel": {"pp": 2, "pp_microbatches": 2}, "scaling": {"min_workers": 2, "max_workers": 4},
+                        "train": {"global_batch_size": 8, "micro_batch_size": 4}}))
 
 
 def test_hsdp_config_is_accepted():

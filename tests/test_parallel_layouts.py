@@ -1,7 +1,8 @@
-"""Layouts in a real run (elastic/train/mesh.py, parallelize.py): a pretraining run at FSDP 2 x
-TP 2 (4 workers) trains like the 2-worker FSDP run, stops, and resumes at one worker (no
-tensor parallelism) from its checkpoint with the same losses and the same samples; and
-elastic sizes come in whole tensor-parallel groups.
+"""Layouts in a real run (elastic/train/mesh.py, parallelize.py, pipeline.py): a pretraining run
+at FSDP 2 x TP 2 (4 workers), and one in two pipeline stages (PP 2, 2 workers, 1F1B), train like
+the 2-worker FSDP run, stop, and resume at one worker (no tensor or pipeline parallelism) from
+their checkpoints with the same losses and the same samples; and elastic sizes come in whole
+tensor-parallel groups.
 
 The step functions themselves (HSDP, TP with tied and untied output) are held to one process
 within 1e-5 in tests/test_fsdp_equivalence.py, and GRPO under TP in tests/test_grpo.py.
@@ -18,6 +19,7 @@ from tests.helpers import ledger_by_step, read_jsonl, small_run_overrides
 STEPS, STOP = 6, 3
 TP4 = {"parallel.tp": 2, "scaling.min_workers": 4, "scaling.max_workers": 4, "scaling.cpus_per_worker": 0.5}
 ONE = {"scaling.min_workers": 1, "scaling.max_workers": 1}
+PP2 = {"parallel.pp": 2, "parallel.pp_microbatches": 2, "scaling.min_workers": 2, "scaling.max_workers": 2}
 
 
 def test_tp_run_matches_fsdp_then_resumes_at_one_worker_with_the_same_losses(small_run_6, tmp_path):
@@ -36,6 +38,26 @@ def test_tp_run_matches_fsdp_then_resumes_at_one_worker_with_the_same_losses(sma
     assert [r["tokens"] for r in mb] == [r["tokens"] for r in ma]  # tp peers' tokens counted once
     # One ledger record per data-parallel rank: the same global batches, step by step.
     assert ledger_by_step(store / "b" / "ledger.jsonl") == ledger_by_step(a / "ledger.jsonl")
+
+
+def test_pipelined_run_matches_fsdp_then_resumes_unsplit_at_one_worker(small_run_6, tmp_path):
+    """PP 2 (tied embeddings: the first stage's embedding and the last stage's output copy sum
+    their gradients): the loss curve of the unsplit 2-worker run, and its checkpoint (the stages'
+    tensors under the full model's names) resumes at one worker without stages."""
+    corpus, a = small_run_6
+    store = tmp_path / "runs"
+    b1 = run_pretraining(load_config(None, small_run_overrides(store, "p", corpus, STEPS, **PP2, **{"train.until_step": STOP})))
+    assert b1.checkpoint.endswith(f"step_{STOP:08d}")
+    run_pretraining(load_config(None, small_run_overrides(store, "p", corpus, STEPS, **ONE)))
+    ma, mb = read_jsonl(a / "metrics.jsonl"), read_jsonl(store / "p" / "metrics.jsonl")
+    assert [r["step"] for r in mb] == list(range(1, STEPS + 1))
+    starts = [e for e in read_jsonl(store / "p" / "events.jsonl") if e["event"] == "start"]
+    assert [(e["step"], e["mesh"]) for e in starts] == [(0, "PP 2 x FSDP 1 shard"), (STOP, "FSDP 1 shard")]
+    assert all(r.get("pipeline_s", 0) > 0 for r in mb[:STOP]) and "pipeline_s" not in mb[-1]
+    np.testing.assert_allclose([r["loss"] for r in mb], [r["loss"] for r in ma], rtol=1e-5)
+    np.testing.assert_allclose([r["grad_norm"] for r in mb], [r["grad_norm"] for r in ma], rtol=1e-4)
+    assert [r["tokens"] for r in mb] == [r["tokens"] for r in ma]  # pp stages' tokens counted once
+    assert ledger_by_step(store / "p" / "ledger.jsonl") == ledger_by_step(a / "ledger.jsonl")
 
 
 def test_elastic_sizes_are_whole_tp_groups_and_a_left_out_worker_is_said(tmp_path):

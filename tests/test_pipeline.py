@@ -97,7 +97,7 @@ def _worker(rank: int, world: int, init: str, out: str) -> None:
             want_loss, want_grads = _reference(_model(tied))
             for schedule, virtual, mbs in (("gpipe", 1, 4), ("1f1b", 1, 4), ("1f1b", 1, 2),
                                            ("interleaved_1f1b", 2, 4), ("looped_bfs", 2, 2)):
-                pipe = Pipeline(_model(tied), dist.group.WORLD, torch.device("cpu"), virtual=virtual,
+                pipe = Pipeline.of_model(_model(tied), dist.group.WORLD, torch.device("cpu"), virtual=virtual,
                                 microbatches=mbs, schedule=schedule)
                 loss = pipe.step(*_batch())
                 grads = {n: p.grad for n, p in pipe.named_parameters()}

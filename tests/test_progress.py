@@ -217,4 +217,4 @@ def test_layout_lines_name_a_chosen_layout_and_a_left_out_worker(tmp_path):
                           "device": "cpu", "param_dtype": "float32", "mesh": "FSDP 2 shards"})
     assert "FSDP" not in plain  # the default layout is not worth a word
     wait = p.event_line({"event": "layout_wait", "possible": 5, "used": 4, "unit": 2})
-    assert wait == "[elastic] workers: 5 could run, 4 will: elastic sizes are whole groups of parallel.tp 2 (the rest wait for a full group)"
+    assert wait == "[elastic] workers: 5 could run, 4 will: elastic sizes are whole groups of 2 (parallel.pp x parallel.tp; the rest wait for a full group)"

@@ -147,7 +147,7 @@ def validate(cfg: Config, job: str = "pretrain") -> None:
     # Every world size the run may take must split the global batch evenly over the workers
     # (GRPO batches by rollouts instead: rl.prompts_per_step x rl.group_size, checked below). The
     # micro-batch size is an upper bound: each worker fits it to its share (config/micro_batch.py).
-    _validate_parallel(cfg)
+    _validate_parallel(cfg, job)
     for w in (dp_worlds(cfg) if job != "grpo" else ()):
         per = t.global_batch_size / w
         _check(
@@ -417,27 +417,37 @@ def _validate_dpo(cfg: Config) -> None:
 
 def dp_worlds(cfg: Config) -> List[int]:
     """The data-parallel world sizes the run may take: each world size in
-    scaling.min_workers..max_workers that whole tensor-parallel groups fill, over parallel.tp
-    (elastic sizes are whole groups: elastic/launch/runtime/lean_train.py)."""
-    tp = max(1, cfg.parallel.tp)
-    return [w // tp for w in range(cfg.scaling.min_workers, cfg.scaling.max_workers + 1) if w % tp == 0]
+    scaling.min_workers..max_workers that whole pipelines of tensor-parallel groups fill, over
+    parallel.pp x parallel.tp (elastic sizes are whole units: elastic/launch/runtime/lean_train.py)."""
+    unit = max(1, cfg.parallel.tp) * max(1, cfg.parallel.pp)
+    return [w // unit for w in range(cfg.scaling.min_workers, cfg.scaling.max_workers + 1) if w % unit == 0]
 
 
 def _ranks(cfg: Config) -> str:
-    return "workers" if cfg.parallel.tp == 1 else f"data-parallel ranks (workers / parallel.tp {cfg.parallel.tp})"
+    p = cfg.parallel
+    if p.tp == 1 and p.pp == 1:
+        return "workers"
+    if p.pp == 1:
+        return f"data-parallel ranks (workers / parallel.tp {p.tp})"
+    return f"data-parallel ranks (workers / (parallel.pp {p.pp} x parallel.tp {p.tp}))"
 
 
-def _validate_parallel(cfg: Config) -> None:
-    """The layout (elastic/train/mesh.py): sizes, and what tensor parallelism cannot split yet."""
+def _validate_parallel(cfg: Config, job: str = "pretrain") -> None:
+    """The layout (elastic/train/mesh.py): sizes, and what tensor and pipeline parallelism cannot
+    split yet."""
     p, s = cfg.parallel, cfg.scaling
     _check(p.dp_replicate >= 1, "parallel.dp_replicate", f"must be >= 1, got {p.dp_replicate}")
     _check(p.tp >= 1, "parallel.tp", f"must be >= 1, got {p.tp}")
-    _check(s.min_workers % p.tp == 0 and s.max_workers % p.tp == 0, "parallel.tp",
-           f"workers come in groups of {p.tp}: scaling.min_workers={s.min_workers} and max_workers={s.max_workers} "
-           f"must be multiples of it")
-    _check(p.dp_replicate <= s.max_workers // p.tp, "parallel.dp_replicate",
-           f"{p.dp_replicate} replicas need at least as many data-parallel ranks; scaling.max_workers / parallel.tp "
-           f"is {s.max_workers // p.tp}")
+    _check(p.pp >= 1, "parallel.pp", f"must be >= 1, got {p.pp}")
+    unit, what = p.tp * p.pp, ("parallel.tp" if p.pp == 1 else "parallel.pp")
+    _check(s.min_workers % unit == 0 and s.max_workers % unit == 0, what,
+           f"workers come in groups of {unit}{'' if p.pp == 1 else f' (parallel.pp {p.pp} x parallel.tp {p.tp})'}: "
+           f"scaling.min_workers={s.min_workers} and max_workers={s.max_workers} must be multiples of it")
+    _check(p.dp_replicate <= s.max_workers // unit, "parallel.dp_replicate",
+           f"{p.dp_replicate} replicas need at least as many data-parallel ranks; scaling.max_workers / "
+           f"{'parallel.tp' if p.pp == 1 else '(parallel.pp x parallel.tp)'} is {s.max_workers // unit}")
+    if p.pp > 1 or p.pp_virtual_stages != 1 or p.pp_schedule != "1f1b" or p.pp_microbatches != 4:
+        _validate_pipeline(cfg, job)
     if p.tp == 1:
         return
     _check(cfg.model.lora.rank == 0, "parallel.tp", "LoRA under tensor parallelism is not supported yet (use tp 1)")
@@ -447,6 +457,40 @@ def _validate_parallel(cfg: Config) -> None:
     _check(why is None, "parallel.tp", f"{why} (parallel.tp {p.tp})")
     _check(cfg.data.seq_len % p.tp == 0, "parallel.tp", f"data.seq_len {cfg.data.seq_len} must be a multiple of it "
            "(sequence parallelism splits the sequence)")
+
+
+def _validate_pipeline(cfg: Config, job: str) -> None:
+    """`parallel.pp*` (elastic/train/pipeline.py): the layout divides the model, the jobs that
+    pipeline (pretraining and SFT), and each world size's micro-batches split into the
+    schedule's pieces."""
+    from elastic.config.micro_batch import fitted_micro_batch
+    from elastic.config.pipeline_layout import pipeline_unsupported
+
+    p, t = cfg.parallel, cfg.train
+    dims = resolved_model_dims(cfg)
+    why = pipeline_unsupported(dims["n_layers"], p.pp, p.pp_virtual_stages, p.pp_microbatches, p.pp_schedule)
+    if why:
+        raise ConfigError(why)  # it names its keys
+    if p.pp == 1:
+        return
+    names = {"grpo": "GRPO / PPO (rl.*)", "dpo": "DPO", "reward_model": "reward-model training"}
+    _check(job not in names, "parallel.pp",
+           f"{names.get(job, job)} does not run pipelined; pipeline stages are for pretraining and SFT (set parallel.pp 1)")
+    _check(p.tp == 1, "parallel.pp", f"pipeline stages with tensor parallelism (parallel.tp {p.tp}) are not built yet: "
+           "use parallel.pp or parallel.tp, not both")
+    _check(cfg.model.lora.rank == 0 and getattr(cfg.model, "quantize_base", "none") == "none", "parallel.pp",
+           "LoRA / QLoRA (model.lora, model.quantize_base) under pipeline stages is not supported yet (set parallel.pp 1)")
+    _check(not cfg.eval.tasks, "eval.tasks", "in-training task evaluation under pipeline stages (parallel.pp "
+           f"{p.pp}) is not built yet: evaluate the checkpoints with jobs/eval.py (the held-out loss still runs)")
+    for w in dp_worlds(cfg):
+        if t.global_batch_size % w:
+            continue  # the global batch's own check names it
+        share = t.global_batch_size // w
+        mb = fitted_micro_batch(share, t.micro_batch_size)
+        _check(mb % p.pp_microbatches == 0, "parallel.pp_microbatches",
+               f"{p.pp_microbatches} pipeline micro-batches do not split a {mb}-row micro-batch "
+               f"(train.micro_batch_size {t.micro_batch_size} fitted to each data-parallel rank's {share} rows "
+               f"at {w} {_ranks(cfg)}): make train.micro_batch_size a multiple of it")
 
 
 def tp_unsupported(dims: Mapping[str, Any], tp: int) -> Optional[str]:

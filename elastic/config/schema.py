@@ -214,7 +214,7 @@ class ScalingSection:
 
 @dataclass
 class ParallelSection:
-    """How the workers split the model (elastic/train/mesh.py). world = dp_replicate x dp_shard x tp."""
+    """How the workers split the model (elastic/train/mesh.py). world = pp x dp_replicate x dp_shard x tp."""
 
     # HSDP: this many replicas of the FSDP-sharded state, each sharded over world / dp_replicate
     # workers; gradients are all-reduced between replicas. 1 = plain FSDP over every worker. An
@@ -224,6 +224,18 @@ class ParallelSection:
     # cluster): each block's matmuls split Megatron-style. Heads, key/value heads and ffn_hidden
     # must divide by it; elastic runs grow and shrink in units of tp workers.
     tp: int = 1
+    # Pipeline stages (elastic/train/pipeline.py): the layers split into pp x pp_virtual_stages
+    # equal stages, embeddings on the first, final norm + output + loss on the last; each
+    # data-parallel rank is one pipeline of pp workers (x tp), and elastic runs grow and shrink in
+    # units of pp x tp workers. Pretraining and SFT; the RL and DPO jobs refuse pp > 1.
+    pp: int = 1
+    # gpipe | 1f1b | interleaved_1f1b | looped_bfs | interleaved_zero_bubble (the last three hold
+    # pp_virtual_stages stages per rank; torch.distributed.pipelining's schedules).
+    pp_schedule: str = "1f1b"
+    # Micro-batches per pipelined step: a data-parallel rank's rows per optimizer step split into
+    # this many (the bubble is (pp - 1) / (pp_microbatches + pp - 1) for GPipe and 1F1B).
+    pp_microbatches: int = 4
+    pp_virtual_stages: int = 1
 
 
 @dataclass

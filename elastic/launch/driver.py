@@ -187,8 +187,9 @@ def build_torch_trainer(cfg: Config, paths: RunPaths, gpu: bool, loop_fn, loop_c
                              worker_runtime_env={"env_vars": {**TRAIN_WORKER_ENV, **fault_env()}}),
         **trainer_kwargs,
     )
-    # Elastic sizes in whole tensor-parallel groups (runtime/scaling_policies.UnitElasticScalingPolicy).
-    trainer.worker_unit = cfg.parallel.tp
+    # Elastic sizes in whole pipelines of tensor-parallel groups (pp x tp workers per data-parallel
+    # rank; runtime/scaling_policies.UnitElasticScalingPolicy).
+    trainer.worker_unit = cfg.parallel.tp * cfg.parallel.pp
     trainer.events_path = os.path.join(paths.records_dir, "events.jsonl")
     return trainer
 

@@ -17,7 +17,7 @@ Nothing here communicates: the schedule, send/recv and groups are elastic/train/
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 import torch.nn as nn
@@ -79,3 +79,74 @@ def split_stages(model: Transformer, n_stages: int, indices: List[int]) -> List[
     and materialise only the returned stages)."""
     stage_ranges(model.args.n_layers, n_stages)  # refuses an uneven split before anything is built
     return [TransformerStage(model, i, n_stages) for i in indices]
+
+
+class StageModel(nn.Module):
+    """One pipeline rank's stages (one, or several virtual ones) as one module whose parameters
+    carry the full model's names: `tok_embeddings` (first stage), `layers` (a ModuleDict of the
+    held layers by global index), `norm` and `output` (last stage). It is what the optimizer,
+    the checkpoint (DCP, by name: any layout reads it) and the weight loaders see; the pipeline
+    schedule runs `stages` (registered under the same names, not as children of their own).
+
+    `args`, `attention_backend` and `num_params` mirror the Transformer's."""
+
+    def __init__(self, model: Transformer, n_stages: int, indices: List[int]):
+        super().__init__()
+        self.args = model.args
+        self.attention_backend = model.attention_backend
+        self.n_stages, self.indices = n_stages, list(indices)
+        stages = split_stages(model, n_stages, indices)
+        object.__setattr__(self, "stages", stages)  # a plain list: their modules are registered below
+        self.has_first = any(s.is_first for s in stages)
+        self.has_last = any(s.is_last for s in stages)
+        self.collect()
+
+    def collect(self) -> None:
+        """(Re)register the stages' modules under the full model's names: after a wrapper has
+        replaced some (activation checkpointing wraps each layer), this module sees the same."""
+        stages = self.stages
+        if self.has_first:
+            self.tok_embeddings = next(s for s in stages if s.is_first).tok_embeddings
+        self.layers = nn.ModuleDict({k: v for s in stages for k, v in s.layers.items()})
+        if self.has_last:
+            last = next(s for s in stages if s.is_last)
+            self.norm, self.output = last.norm, last.output
+
+    def checkpoint_aliases(self) -> dict:
+        """{name: stored name} for a parameter a checkpoint may hold under another name: a tied
+        last stage's `output.weight` copy is the embedding (an unsplit model's optimizer state
+        names it `tok_embeddings.weight`; both copies' states are equal, their gradients summed)."""
+        if self.args.tie_embeddings and self.has_last and not self.has_first:
+            return {"output.weight": "tok_embeddings.weight"}
+        return {}
+
+    def num_params(self, exclude_embeddings: bool = True) -> int:
+        """This rank's parameters (a tied last stage's `output.weight` copy counts here)."""
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings and self.has_first:
+            n -= self.tok_embeddings.weight.numel()
+        return n
+
+
+def init_stage_weights(stage_model: StageModel, seed: Optional[int],
+                       assign: Optional[Callable[[torch.Tensor, torch.Tensor], None]] = None) -> None:
+    """The weights `Transformer.init_weights(seed)` gives the whole model, for the parameters
+    this rank's stages hold: the draws run over a meta copy of the whole model in its parameter
+    order (so they do not depend on the layout), and each held parameter keeps its value. A tied
+    last stage's `output.weight` copy gets the embedding's value."""
+    a = stage_model.args
+    with torch.device("meta"):
+        whole = Transformer(a, attention_backend=stage_model.attention_backend)
+    names = {id(p): n for n, p in whole.named_parameters()}
+    held = dict(stage_model.named_parameters())
+    put = assign or (lambda p, v: p.copy_(v))
+    copy_of_embedding = a.tie_embeddings and not stage_model.has_first and "output.weight" in held
+
+    def keep(p: torch.Tensor, value: torch.Tensor) -> None:
+        name = names[id(p)]
+        if name in held:
+            put(held[name], value)
+        if copy_of_embedding and name == "tok_embeddings.weight":
+            put(held["output.weight"], value)
+
+    whole.init_weights(seed=seed, assign=keep)

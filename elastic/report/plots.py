@@ -21,7 +21,7 @@ from elastic.report.run import RunData
 MAX_POINTS = 300
 DPI = 90
 BREAKDOWN = (("data_wait_s", "data wait"), ("forward_s", "forward"), ("backward_s", "backward"),
-             ("optimizer_s", "optimizer"), ("checkpoint_s", "checkpoint"))
+             ("pipeline_s", "pipeline (fwd+bwd)"), ("optimizer_s", "optimizer"), ("checkpoint_s", "checkpoint"))
 GRPO_BREAKDOWN = (("generate_s", "generate"), ("reward_wait_s", "reward wait"), ("logprob_s", "log-probs"),
                   ("update_s", "update"), ("checkpoint_s", "checkpoint"))
 

@@ -131,7 +131,8 @@ class DPOJob(Job):
 
         cfg = self.ctx.cfg
         plain = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, lora=dataclasses.replace(cfg.model.lora, rank=0)))
-        model, _, _ = build_sharded_model(plain, self.ctx.device, resolve_param_dtype(cfg.train.param_dtype, self.ctx.device))
+        model, _, _ = build_sharded_model(plain, self.ctx.device, resolve_param_dtype(cfg.train.param_dtype, self.ctx.device),
+                                          self.ctx.mesh)
         load_initial_weights(model, plain)
         for p in model.parameters():
             p.requires_grad_(False)

@@ -272,7 +272,8 @@ class GRPOJob(Job):
         from elastic.train.loop import build_sharded_model, load_initial_weights, resolve_param_dtype
 
         cfg = self.ctx.cfg
-        model, _, _ = build_sharded_model(cfg, self.ctx.device, resolve_param_dtype(cfg.train.param_dtype, self.ctx.device))
+        model, _, _ = build_sharded_model(cfg, self.ctx.device, resolve_param_dtype(cfg.train.param_dtype, self.ctx.device),
+                                          self.ctx.mesh)
         load_initial_weights(model, cfg)
         for p in model.parameters():
             p.requires_grad_(False)

@@ -160,13 +160,13 @@ class PPOJob(GRPOJob):
     state_keys = ("prompt_cursor", "kl_ctl", "rollout_buffer")
 
     # ------------------------------------------------------------------ the critic
-    def build_aux(self, cfg, device, param_dtype) -> Dict[str, Any]:
+    def build_aux(self, cfg, device, param_dtype, mesh=None) -> Dict[str, Any]:
         from elastic.train.loop import build_sharded_model, resolve_compile
         from elastic.train.optim import build_optimizer
 
         t = cfg.train
         self._critic_cfg = critic_config(cfg)
-        self.critic, _, _ = build_sharded_model(self._critic_cfg, device, param_dtype)
+        self.critic, _, _ = build_sharded_model(self._critic_cfg, device, param_dtype, mesh)
         if resolve_compile(t.compile, device):
             for block in self.critic.layers:
                 block.compile()

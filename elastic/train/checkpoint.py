@@ -34,7 +34,12 @@ background write's seconds are in the `checkpoint_done` event (rank 0, events.js
 when the checkpoint is registered.
 
 DCP stores logical (unsharded) tensor layouts, so a checkpoint written at world size W loads at
-any W'.
+any W'. The optimizer state is stored flattened by parameter name (`optim.state.<name>.exp_avg`,
+`optim.param_groups.<name>.lr`: torchtitan's choice), so it also loads at another pipeline
+layout, where each rank holds other parameters (a nested state dict keeps one rank's list of
+parameter names). Checkpoints of the nested form (before issue 59) still load. A pipeline
+stage's copy of a tied weight (elastic/model/stages.py `StageModel.checkpoint_aliases`) reads
+the optimizer state of the weight it copies where a checkpoint has none of its own.
 """
 
 from __future__ import annotations
@@ -172,7 +177,7 @@ def save_local(model: torch.nn.Module, optimizer: torch.optim.Optimizer, train_s
     state are written (the base is referenced in train_state.json by path and hash)."""
     out = _stage_dir()
     try:
-        msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=trainable_only))
+        msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=out)
         if dist.get_rank() == 0:
             js, tables = split_tables(train_state)
@@ -204,7 +209,10 @@ def load(path: str, model: torch.nn.Module, optimizer: Optional[torch.optim.Opti
     `aux`: a job's own (module, optimizer) pairs by name (PPO's critic), read with the model."""
     from elastic.model.lora import is_adapter_key
 
-    opts = StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+    stored = set(dcp.FileSystemReader(path).read_metadata().state_dict_metadata)
+    # Optimizer state by parameter name (module docstring), or the nested form of older checkpoints.
+    flat = "optim.param_groups.0.params" not in stored
+    opts = _options(trainable_only, strict=not trainable_only, flat=flat)
     if optimizer is not None:
         msd, osd = get_state_dict(model, optimizer, options=opts)
         state = {"model": msd, "optim": osd}
@@ -215,7 +223,10 @@ def load(path: str, model: torch.nn.Module, optimizer: Optional[torch.optim.Opti
         opts = StateDictOptions(strict=not adapters and not skip)
     if optimizer is not None:
         state.update(_aux_state(aux))
+    renamed = _read_aliases(state, stored, getattr(model, "checkpoint_aliases", dict)()) if flat else {}
     dcp.load(state, checkpoint_id=path)
+    for (sec, own), alias in renamed.items():
+        state[sec][own] = state[sec].pop(alias)
     for name, (m, o) in (aux or {}).items():
         if optimizer is not None:
             set_state_dict(m, o, model_state_dict=state[name], optim_state_dict=state[f"{name}_optim"])
@@ -224,6 +235,30 @@ def load(path: str, model: torch.nn.Module, optimizer: Optional[torch.optim.Opti
     else:
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=opts)
     return read_train_state(path)
+
+
+def _options(trainable_only: bool = False, strict: bool = True, flat: bool = True) -> StateDictOptions:
+    """How model and optimizer state go to and from DCP: the optimizer's flattened by parameter
+    name (module docstring); LoRA runs leave the frozen base out."""
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=strict, flatten_optimizer_state_dict=flat)
+
+
+def _read_aliases(state: Dict[str, Any], stored: set, aliases: Dict[str, str]) -> Dict[Tuple[str, str], str]:
+    """Entries of `state` ("model"/"optim" sections, flattened names) for a parameter the
+    checkpoint does not hold under its own name but under its alias's (`aliases`: name ->
+    stored name, e.g. a tied copy's `output.weight` -> `tok_embeddings.weight`): renamed in place
+    so that DCP reads the alias; returns {(section, own key): alias key} to rename them back."""
+    out: Dict[Tuple[str, str], str] = {}
+    for own, src in aliases.items():
+        for sec in ("model", "optim"):
+            for key in [k for k in state.get(sec, {}) if f".{own}." in f".{k}."]:
+                if f"{sec}.{key}" in stored:
+                    continue
+                alias = f".{key}.".replace(f".{own}.", f".{src}.", 1)[1:-1]
+                if f"{sec}.{alias}" in stored:
+                    state[sec][alias] = state[sec].pop(key)
+                    out[(sec, key)] = alias
+    return out
 
 
 def cleanup_local(path: str) -> None:
@@ -390,7 +425,7 @@ class Checkpointer:
             if self.rank == 0:
                 js, tables = split_tables(state.to_json())
                 _write_state_file(out, js)
-            msd, osd = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=self.trainable_only))
+            msd, osd = get_state_dict(model, optimizer, options=_options(self.trainable_only))
             sd = {"model": msd, "optim": osd, **_aux_state(aux)}
             writer = _Writer(out, fault_delay_s(state.step, self.rank))
             if self.async_save:

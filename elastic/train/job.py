@@ -42,6 +42,8 @@ class WorkerContext:
     global_rank: int = -1
     tp_rank: int = 0                 # this worker's place among its tp peers (0: the one that writes rows)
     tp_comm: Optional[Comm] = None   # collectives over the tp peers (None without tensor parallelism)
+    mesh: Any = None                 # the worker's one mesh (elastic/train/mesh.py WorkerMesh): build models on it
+    pipeline: Any = None             # parallel.pp > 1: the schedule over this rank's stages (elastic/train/pipeline.py)
 
     def __post_init__(self) -> None:
         if self.comm is None:
@@ -86,9 +88,10 @@ class Job:
     # worker's share before `start` (elastic/config/micro_batch.py).
     micro_batch_keys: Tuple[str, ...] = ("train.micro_batch_size",)
 
-    def build_aux(self, cfg: Any, device: torch.device, param_dtype: torch.dtype) -> Dict[str, Any]:
+    def build_aux(self, cfg: Any, device: torch.device, param_dtype: torch.dtype, mesh: Any = None) -> Dict[str, Any]:
         """The job's own trained modules, {name: (module, optimizer)}, built before the
-        checkpoint is restored and saved with the model (PPO's critic). Default: none."""
+        checkpoint is restored and saved with the model (PPO's critic), on the worker's `mesh`
+        (elastic/train/mesh.py). Default: none."""
         return {}
 
     def init_aux(self, cfg: Any) -> None:

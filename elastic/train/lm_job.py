@@ -50,7 +50,8 @@ class LMJob(Job):
         self._eval_cache = None
         # Per-document attention: each micro-batch trains its real tokens only, in one row
         # (the SFT job's rows were ~11% padding: that much less compute per step).
-        self.padding_free = getattr(ctx.model, "attention_backend", None) in PER_DOCUMENT_BACKENDS
+        # Not under pipeline stages: the schedule splits a micro-batch's rows into its pieces.
+        self.padding_free = getattr(ctx.model, "attention_backend", None) in PER_DOCUMENT_BACKENDS and ctx.pipeline is None
 
     def updates(self, step: int) -> Iterator[Update]:
         b = self.batches.next()
@@ -92,7 +93,11 @@ class LMJob(Job):
         loss_sum = 0.0
         with torch.no_grad():
             for mb in split_micro(mine, self.micro):
-                loss_sum += float(causal_lm_loss(self.ctx.model, to_device(mb, device)).loss_sum)
+                m = to_device(mb, device)
+                if self.ctx.pipeline is not None:  # forward through the stages; every stage gets the sum
+                    loss_sum += float(self.ctx.pipeline.nll_sum(m["tokens"], m["labels"], m["positions"], m["doc_ids"]))
+                else:
+                    loss_sum += float(causal_lm_loss(self.ctx.model, m).loss_sum)
         self.count_forward(label_count(mine))  # tokens with a target (the dummy rows have none)
         total, count = self.ctx.comm.sum([loss_sum, label_count(mine)])
         val = total / max(count, 1)

@@ -29,7 +29,7 @@ from elastic.train.guard import StabilityGuard
 from elastic.train.job import Job, WorkerContext
 from elastic.train.metrics import MetricsWriter, init_wandb_async, peak_flops
 from elastic.train.optim import build_optimizer, build_scheduler
-from elastic.train.mesh import Layout, build_mesh, dp_group, layout_for, tp_group
+from elastic.train.mesh import Layout, WorkerMesh, layout_for
 from elastic.train.parallelize import parallelize
 from elastic.train.profiling import StepProfiler
 from elastic.train.comm import Comm
@@ -97,11 +97,21 @@ def _assign_shard(p: torch.Tensor, full: torch.Tensor) -> None:
 def layout_of(cfg) -> Layout:
     """This worker group's layout (elastic/train/mesh.py) from its world size and `parallel.*`."""
     world = dist.get_world_size() if dist.is_initialized() else 1
-    return layout_for(world, cfg.parallel.dp_replicate, cfg.parallel.tp)
+    return layout_for(world, cfg.parallel.dp_replicate, cfg.parallel.tp, cfg.parallel.pp)
 
 
-def build_sharded_model(cfg, device: torch.device, param_dtype: torch.dtype) -> tuple[Transformer, ModelArgs, str]:
+def worker_mesh(cfg, device: torch.device) -> WorkerMesh:
+    """The worker's one mesh (elastic/train/mesh.py): built once per worker-group attempt by
+    `run_worker` and handed to every model it builds (policy, reference, critic)."""
+    return WorkerMesh.build(device.type, layout_of(cfg))
+
+
+def build_sharded_model(cfg, device: torch.device, param_dtype: torch.dtype,
+                        mesh: Optional[WorkerMesh] = None) -> tuple[Transformer, ModelArgs, str]:
     """Build on the meta device, apply FSDP2, then materialise only this rank's shards.
+
+    `mesh`: the worker's mesh (`worker_mesh`; a single process or a test may leave it out and
+    get one over every rank).
 
     No worker ever holds the whole model: parameters are drawn one at a time (the largest
     single tensor is the transient peak) and each rank keeps its shard. The weights equal
@@ -127,9 +137,10 @@ def build_sharded_model(cfg, device: torch.device, param_dtype: torch.dtype) -> 
         # never depend on the world size). FSDP2 leaves them out: each rank holds the whole
         # 4-bit base (torch 2.13's single-rank FSDP2 path drops NF4's extra all-gather inputs).
         ignored = quantize_base(model, device)
-    layout = layout_of(cfg)
-    model = parallelize(model, device, param_dtype, cfg.train.activation_checkpointing, build_mesh(device.type, layout), layout,
-                        ignored_params=ignored)
+    mesh = mesh if mesh is not None else worker_mesh(cfg, device)
+    if mesh.layout.pp > 1:
+        return _build_stages(cfg, model, device, param_dtype, mesh), args, backend
+    model = parallelize(model, device, param_dtype, cfg.train.activation_checkpointing, mesh, ignored_params=ignored)
     model.to_empty(device=device)
     model.init_buffers()
     model.init_weights(seed=cfg.run.seed, assign=_assign_shard)
@@ -239,6 +250,35 @@ def merge_checkpoint_adapters(model: torch.nn.Module, step_dir: str, scaling: fl
         p.add_(delta)
 
 
+def _build_stages(cfg, model: Transformer, device: torch.device, param_dtype: torch.dtype, mesh: WorkerMesh):
+    """This pp rank's stages of the meta-device `model` (elastic/model/stages.py StageModel),
+    each stage FSDP-sharded over the data-parallel axis, materialised with the whole model's
+    seeded values for what it holds."""
+    from elastic.model.stages import StageModel, init_stage_weights
+    from elastic.train.pipeline import rank_stages
+
+    layout, p = mesh.layout, cfg.parallel
+    pp_rank = layout.pp_rank(dist.get_rank())
+    stages = StageModel(model, layout.pp * p.pp_virtual_stages, rank_stages(pp_rank, layout.pp, p.pp_virtual_stages))
+    for stage in stages.stages:
+        parallelize(stage, device, param_dtype, cfg.train.activation_checkpointing, mesh)
+    stages.collect()  # the (wrapped) layers under their full names
+    stages.to_empty(device=device)
+    init_stage_weights(stages, cfg.run.seed, assign=_assign_shard)
+    return stages
+
+
+def pipeline_of(model, cfg, mesh: WorkerMesh, device: torch.device):
+    """The schedule over this rank's stages (elastic/train/pipeline.py); None without pp."""
+    if mesh.layout.pp == 1:
+        return None
+    from elastic.train.pipeline import Pipeline
+
+    p = cfg.parallel
+    return Pipeline(model, mesh.pp_group(), device, microbatches=p.pp_microbatches, schedule=p.pp_schedule,
+                    tied_group=mesh.tied_group())
+
+
 def _fault_steps(var: str) -> set:
     """Fault injection for tests and drills: e.g. ELASTIC_FAULT_NAN_STEPS="5,7-9" poisons the loss
     of those 1-based steps with NaN. Unset in normal runs."""
@@ -270,20 +310,22 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
     t = cfg.train
 
     param_dtype = resolve_param_dtype(t.param_dtype, device)
-    model, args, backend = build_sharded_model(cfg, device, param_dtype)
+    mesh = worker_mesh(cfg, device)  # the one mesh of this attempt: every group below is its
+    layout = mesh.layout
+    model, args, backend = build_sharded_model(cfg, device, param_dtype, mesh)
     comm = Comm.of(model)  # every collective of this worker, on the parameters' device
     # Under tensor parallelism the tp ranks of one data-parallel rank read the same batch: jobs
     # see the data-parallel rank and world, and sum loss units and tokens over their dp peers.
-    layout = layout_of(cfg)
-    dp_comm = Comm(comm.device, group=dp_group(layout)) if layout.tp > 1 else comm
-    tp_comm = Comm(comm.device, group=tp_group(layout)) if layout.tp > 1 else None
+    dp_comm = Comm(comm.device, group=mesh.dp_group()) if mesh.dp_group() is not None else comm
+    tp_comm = Comm(comm.device, group=mesh.tp_group()) if layout.tp > 1 else None
     dp_rank, dp_world = layout.dp_rank(rank), layout.dp
     # Micro-batch sizes are upper bounds: the largest that divides this world size's share.
     # The driver's console says it once per worker-group start (the "start" event below).
     fitted = fit_micro_batches(cfg, dp_world, getattr(make_job, "micro_batch_keys", ("train.micro_batch_size",)))
     if resolve_compile(t.compile, device):
-        for block in model.layers:
+        for block in (model.layers.values() if isinstance(model.layers, torch.nn.ModuleDict) else model.layers):
             block.compile()
+    pipe = pipeline_of(model, cfg, mesh, device)  # pipeline stages: the schedule runs the step
     opt = build_optimizer(model, t.lr, t.weight_decay, (t.beta1, t.beta2), fused=device.type == "cuda")
     lora = lora_of(cfg)
     # LoRA checkpoints hold the adapters only: the frozen base is loaded from its source on
@@ -296,7 +338,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
     if lora is not None:
         load_initial_weights(model, cfg)
     job = make_job()
-    aux = job.build_aux(cfg, device, param_dtype)  # a job's own modules (PPO's critic), checkpointed with the model
+    aux = job.build_aux(cfg, device, param_dtype, mesh)  # a job's own modules (PPO's critic), checkpointed with the model
     state = ckpt.restore(model, opt, aux)
     if state is None:
         state = TrainState()
@@ -305,7 +347,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
         job.init_aux(cfg)
     start_step, counters = state.step, state.counters
     job.start(WorkerContext(cfg, dp_rank, dp_world, device, model, records_dir, config, dp_comm, global_rank=rank,
-                            tp_rank=rank % layout.tp, tp_comm=tp_comm), state.job)
+                            tp_rank=layout.tp_rank(rank), tp_comm=tp_comm, mesh=mesh, pipeline=pipe), state.job)
     ups = job.updates_per_step  # optimizer updates per global step (GRPO: several per rollout)
     sched = build_scheduler(opt, t.warmup_steps * ups, t.steps * ups, t.min_lr_ratio)
     if state.scheduler:
@@ -332,7 +374,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
             "resumed_from": ckpt.resumed_from, "attention_backend": backend,
             "device": str(device), "param_dtype": str(param_dtype).replace("torch.", ""),
             "nice": os.nice(0), "torch_threads": torch.get_num_threads(),
-            "mesh": layout_of(cfg).describe(), "micro_batches": {f.key: f.used for f in fitted},
+            "mesh": layout.describe(), "micro_batches": {f.key: f.used for f in fitted},
             "micro_batch_notes": [f.describe("completions" if f.key.startswith("rl.") else "rows")
                                   for f in fitted if f.used != f.setting]})
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -350,6 +392,13 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
     guard = StabilityGuard(t.max_bad_steps, t.spike_z)
     nan_steps = _fault_steps("ELASTIC_FAULT_NAN_STEPS")
     loss_fn = job.loss_fn()
+    if pipe is not None:
+        from elastic.train.pipeline import pipeline_train_step
+        from elastic.train.step import causal_lm_loss
+
+        if loss_fn is not causal_lm_loss:  # config validation allows pp for pretraining and SFT only
+            raise RuntimeError(f"parallel.pp {layout.pp}: this job's loss ({getattr(loss_fn, '__name__', loss_fn)}) "
+                               "does not run pipelined; pipeline stages train the causal LM loss")
 
     stop = t.until_step or t.steps
     try:
@@ -371,8 +420,12 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
                     else:
                         with timer.phase("sync", host=True):  # also where ranks wait for the slowest one's data
                             norm = dp_comm.sum([upd.units])[0]
-                    out = train_step(model, opt, upd.micro_batches, loss_fn, norm, t.grad_clip, dp_comm, timer,
-                                     poison=s1 in nan_steps)
+                    if pipe is not None:
+                        out = pipeline_train_step(pipe, opt, upd.micro_batches, norm, t.grad_clip, dp_comm, timer,
+                                                  poison=s1 in nan_steps)
+                    else:
+                        out = train_step(model, opt, upd.micro_batches, loss_fn, norm, t.grad_clip, dp_comm, timer,
+                                         poison=s1 in nan_steps)
                     sched.step()
                     job.observe(out)
                     losses.append(out.stats.get("loss_sum", float("nan")) / max(norm, 1e-12))
@@ -399,7 +452,8 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
             if verdict.bad:
                 counters["skipped_steps"] = int(counters["skipped_steps"]) + 1
             counters["tokens"] = int(counters["tokens"]) + tokens_global
-            if ledger and rank % layout.tp == 0:  # one record per data-parallel rank (tp peers read alike)
+            if ledger and layout.tp_rank(rank) == 0 and layout.pp_rank(rank) == 0:  # one record per data-parallel rank
+                # (its tp peers and pp stages read the same rows)
                 append_record(ledger, {"step": s1, "rank": dp_rank, "world_size": dp_world, "start_time": start_time,
                                        "sample_ids": sample_ids})
             if verdict.stop:
@@ -440,7 +494,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
                        **({"warmup": True} if step == start_step else {}),
                        **{k: v for k, v in phases.items()}, **memory_gib(device), "time": time.time()}
                 # The optimizer updates' own time (GRPO's update phase; forward+backward+optimizer).
-                rec["update_s"] = sum(phases.get(k, 0.0) for k in ("forward_s", "backward_s", "optimizer_s"))
+                rec["update_s"] = sum(phases.get(k, 0.0) for k in ("forward_s", "backward_s", "pipeline_s", "optimizer_s"))
                 if rec["update_s"] > 0:  # the same FLOPs formula over the updates' own time (rank 0's)
                     rec["update_mfu"] = fpt * trained_global / rec["update_s"] / (peak * world)
                 if forward_global:

@@ -30,14 +30,21 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from elastic.model.llama import Transformer
-from elastic.train.mesh import Layout, build_mesh, dp_mesh, layout_for
+from elastic.train.mesh import WorkerMesh, layout_for
+
+
+def _blocks(model: torch.nn.Module):
+    """(key, block) of the model's layers: a ModuleList (index) or a pipeline stage's ModuleDict
+    (global layer index as the key)."""
+    layers = model.layers
+    return list(layers.items()) if isinstance(layers, torch.nn.ModuleDict) else list(enumerate(layers))
 
 
 def apply_activation_checkpointing(model: Transformer) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    for i, block in enumerate(model.layers):
-        model.layers[i] = checkpoint_wrapper(block, preserve_rng_state=False)
+    for key, block in _blocks(model):
+        model.layers[key] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
 def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh) -> None:
@@ -132,25 +139,27 @@ class _TiedColwise:
         return Tied(input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True)
 
 
-def parallelize(model: Transformer, device: torch.device, param_dtype: torch.dtype, activation_checkpointing: str = "none",
-                mesh: Optional[DeviceMesh] = None, layout: Optional[Layout] = None,
-                ignored_params: Optional[set] = None) -> Transformer:
-    """`mesh`/`layout`: from mesh.py; default a 1-D mesh over every rank (FSDP). `ignored_params`:
-    parameters FSDP leaves whole on every rank (QLoRA's frozen NF4 base, elastic/model/quantize.py)."""
-    if mesh is None or layout is None:
-        layout = layout_for(dist.get_world_size())
-        mesh = build_mesh(device.type, layout)
+def parallelize(model: torch.nn.Module, device: torch.device, param_dtype: torch.dtype, activation_checkpointing: str = "none",
+                mesh: Optional[WorkerMesh] = None, ignored_params: Optional[set] = None) -> torch.nn.Module:
+    """`mesh`: the worker's mesh (mesh.py); default a 1-D mesh over every rank (FSDP).
+    `ignored_params`: parameters FSDP leaves whole on every rank (QLoRA's frozen NF4 base,
+    elastic/model/quantize.py). `model` is a Transformer, or a pipeline rank's stages
+    (elastic/train/pipeline.py `StageModel`: the same attribute names, a subset of the layers)."""
+    if mesh is None:
+        mesh = WorkerMesh.build(device.type, layout_for(dist.get_world_size()))
+    layout = mesh.layout
     if layout.tp > 1:
-        apply_tensor_parallel(model, mesh["tp"])
+        apply_tensor_parallel(model, mesh.tp)
     if activation_checkpointing == "full":
         apply_activation_checkpointing(model)
-    fsdp_mesh = dp_mesh(mesh, layout)
+    fsdp_mesh = mesh.fsdp
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    n = len(model.layers)
+    blocks = [b for _, b in _blocks(model)]
+    n = len(blocks)
     # One data-parallel rank holds every parameter whole: resharding after forward would only
     # free the compute-dtype copies and cast them again for backward. Keep them (one bf16 copy).
     alone = layout.dp == 1
-    for i, block in enumerate(model.layers):
+    for i, block in enumerate(blocks):
         # The last block's parameters are needed first in backward: keep them gathered.
         fully_shard(block, mesh=fsdp_mesh, mp_policy=mp, reshard_after_forward=i < n - 1 and not alone,
                     ignored_params=ignored_params)

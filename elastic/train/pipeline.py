@@ -21,20 +21,26 @@ see docs/parallelism.md.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+import math
+from typing import Any, Dict, List, Optional, Sequence
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
                                           ScheduleInterleavedZeroBubble, ScheduleLoopedBFS)
 
+from elastic.config.pipeline_layout import PP_SCHEDULES, pipeline_unsupported
 from elastic.data.packing import IGNORE
 from elastic.model.llama import Transformer
-from elastic.model.stages import TransformerStage, split_stages, stage_ranges
+from elastic.model.stages import StageModel, TransformerStage, stage_ranges
 from elastic.train.comm import Comm
+from elastic.train.step import StepOutput, to_device
+from elastic.train.timing import StepTimer
 
-# name -> (schedule class, several stages per rank?)
+# name -> (schedule class, several stages per rank?); the names and the check are the config's
+# (elastic/config/pipeline_layout.py), so a bad layout stops before any worker starts.
 SCHEDULES: Dict[str, tuple] = {
     "gpipe": (ScheduleGPipe, False),
     "1f1b": (Schedule1F1B, False),
@@ -42,26 +48,8 @@ SCHEDULES: Dict[str, tuple] = {
     "looped_bfs": (ScheduleLoopedBFS, True),
     "interleaved_zero_bubble": (ScheduleInterleavedZeroBubble, True),
 }
-
-
-def check_layout(n_layers: int, pp: int, virtual: int, microbatches: int, schedule: str) -> Optional[str]:
-    """The one-line reason a pipeline layout cannot run, naming the keys; None when it can."""
-    if schedule not in SCHEDULES:
-        return f"parallel.pp_schedule: {schedule!r} is not one of {', '.join(SCHEDULES)}"
-    multi = SCHEDULES[schedule][1]
-    if virtual > 1 and not multi:
-        return (f"parallel.pp_virtual_stages={virtual} needs a schedule with several stages per rank "
-                f"({', '.join(k for k, v in SCHEDULES.items() if v[1])}), not parallel.pp_schedule={schedule}")
-    stages = pp * virtual
-    if n_layers % stages:
-        return (f"parallel.pp={pp} x parallel.pp_virtual_stages={virtual} = {stages} stages do not divide the "
-                f"model's {n_layers} layers")
-    if schedule != "gpipe" and microbatches < pp:
-        return (f"parallel.pp_microbatches={microbatches} is fewer than parallel.pp={pp}: "
-                f"{schedule} needs at least one micro-batch per stage to fill the pipeline")
-    if multi and microbatches % pp:
-        return f"parallel.pp_microbatches={microbatches} must be a multiple of parallel.pp={pp} for {schedule}"
-    return None
+assert {k: v[1] for k, v in SCHEDULES.items()} == PP_SCHEDULES
+check_layout = pipeline_unsupported
 
 
 def rank_stages(pp_rank: int, pp: int, virtual: int) -> List[int]:
@@ -71,70 +59,124 @@ def rank_stages(pp_rank: int, pp: int, virtual: int) -> List[int]:
 
 class TokenMeanLoss:
     """loss_fn(logits [b, T, V], labels [b, T]) for the last stage: Σ NLL of the micro-batch's
-    learned tokens / `tokens` (the whole step's learned-token count, set before each step)."""
+    learned tokens / `tokens` (the step's normaliser, set before each step: the whole step's
+    learned-token count, over every data-parallel rank in a training run). `nll` collects the
+    detached Σ NLL of each micro-batch (the step's loss_sum statistic)."""
 
     def __init__(self) -> None:
-        self.tokens: torch.Tensor | int = 1
+        self.tokens: torch.Tensor | float = 1
+        self.nll: List[torch.Tensor] = []
 
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         nll = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE, reduction="sum")
+        self.nll.append(nll.detach())
         return nll / self.tokens
 
 
 class Pipeline:
-    """This rank's stages of `model` and the schedule that runs them.
+    """The schedule that runs one pp rank's stages (`StageModel`, elastic/model/stages.py).
 
-    `model` is the whole Transformer (built on the meta device in a real run: only this rank's
-    stages are materialised by the caller). `group`: the pp process group (ranks in stage
-    order). step(tokens, labels, positions, doc_ids) runs one pipelined forward + backward of a
-    [B, T] batch in `microbatches` pieces and returns the step's token-mean loss on the last
-    stage (None elsewhere)."""
+    `stages`: this rank's stages, materialised (and FSDP-sharded over the data-parallel axis in
+    a real run: torch's PipelineStage reduce-scatters an FSDP stage's gradients after its last
+    micro-batch). `group`: the pp process group (ranks in stage order). `tied_group`: the pair
+    of pp ranks holding the first and the last stage (the mesh's, elastic/train/mesh.py
+    `tied_group`: None on a middle stage; "auto" makes it here from `group`, collectively). step(tokens, labels, positions, doc_ids) runs one
+    pipelined forward + backward of a [B, T] batch in `microbatches` pieces and returns the
+    step's loss on the last stage (None elsewhere)."""
 
-    def __init__(self, model: Transformer, group: dist.ProcessGroup, device: torch.device, *, virtual: int = 1,
-                 microbatches: int = 4, schedule: str = "1f1b"):
+    def __init__(self, stages: StageModel, group: dist.ProcessGroup, device: torch.device, *, microbatches: int = 4,
+                 schedule: str = "1f1b", tied_group: Any = "auto"):
         pp, pp_rank = dist.get_world_size(group), dist.get_rank(group)
-        why = check_layout(model.args.n_layers, pp, virtual, microbatches, schedule)
+        virtual = len(stages.indices)
+        why = check_layout(stages.args.n_layers, pp, virtual, microbatches, schedule)
         if why:
             raise ValueError(why)
-        self.group, self.pp, self.pp_rank = group, pp, pp_rank
-        self.n_stages = pp * virtual
-        self.indices = rank_stages(pp_rank, pp, virtual)
-        self.modules: List[TransformerStage] = split_stages(model, self.n_stages, self.indices)
+        if stages.indices != rank_stages(pp_rank, pp, virtual):
+            raise ValueError(f"pp rank {pp_rank} holds stages {stages.indices}, not {rank_stages(pp_rank, pp, virtual)}")
+        self.model, self.group, self.pp, self.pp_rank, self.device = stages, group, pp, pp_rank, device
+        self.n_stages, self.indices, self.microbatches = stages.n_stages, stages.indices, microbatches
+        self.modules: List[TransformerStage] = stages.stages
         self.stages = [PipelineStage(m, i, self.n_stages, device, group=group) for m, i in zip(self.modules, self.indices)]
         self.loss = TokenMeanLoss()
         cls, multi = SCHEDULES[schedule]
         self.schedule = (cls(self.stages, n_microbatches=microbatches, loss_fn=self.loss, scale_grads=False) if multi
                          else cls(self.stages[0], n_microbatches=microbatches, loss_fn=self.loss, scale_grads=False))
-        self.tied = model.args.tie_embeddings
-        self._tied_comm = Comm(device, group=_tied_group(group)) if self.tied and pp > 1 else None
-        self.has_first = 0 in self.indices
-        self.has_last = self.n_stages - 1 in self.indices
+        self.tied = stages.args.tie_embeddings
+        self.has_first, self.has_last = stages.has_first, stages.has_last
+        self._tied_comm = None
+        if self.tied and pp > 1:
+            g = _tied_group(group) if tied_group == "auto" else tied_group
+            if self.has_first or self.has_last:
+                self._tied_comm = Comm(device, group=g)
+        self.pp_comm = Comm(device, group=group)
+
+    @classmethod
+    def of_model(cls, model: Transformer, group: dist.ProcessGroup, device: torch.device, *, virtual: int = 1,
+                 microbatches: int = 4, schedule: str = "1f1b") -> "Pipeline":
+        """This rank's stages of a whole (unsharded) `model`, in a pipeline (tests, tools)."""
+        pp, pp_rank = dist.get_world_size(group), dist.get_rank(group)
+        why = check_layout(model.args.n_layers, pp, virtual, microbatches, schedule)
+        if why:
+            raise ValueError(why)
+        return cls(StageModel(model, pp * virtual, rank_stages(pp_rank, pp, virtual)), group, device,
+                   microbatches=microbatches, schedule=schedule)
 
     def parameters(self):
-        for m in self.modules:
-            yield from m.parameters()
+        return self.model.parameters()
 
     def named_parameters(self):
         """(full-model name, parameter) of this rank's stages; a tied copy of the embedding on
         the last stage is named `output.weight`."""
-        for m in self.modules:
-            yield from m.named_parameters()
+        return self.model.named_parameters()
 
-    def step(self, tokens: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor,
-             doc_ids: torch.Tensor) -> Optional[torch.Tensor]:
-        self.loss.tokens = (labels != IGNORE).sum().clamp(min=1)  # a tensor: no host sync on a GPU
+    def _run(self, train: bool, tokens, labels, positions, doc_ids, normaliser, sync: bool = True) -> Optional[torch.Tensor]:
+        self.loss.tokens = (labels != IGNORE).sum().clamp(min=1) if normaliser is None else normaliser  # no host sync
+        self.loss.nll = []
         losses: List[torch.Tensor] = []
         kw = {"positions": positions, "doc_ids": doc_ids}
+        run = self.schedule.step if train else self.schedule.eval
         if self.has_first:
-            self.schedule.step(tokens, target=labels, losses=losses, **kw)
+            run(tokens, target=labels, losses=losses, **kw)
         else:
-            self.schedule.step(target=labels, losses=losses, **kw)
-        self.sync_tied_grads()
+            run(target=labels, losses=losses, **kw)
+        if train and sync:
+            self.sync_tied_grads()
         return torch.stack(losses).sum().detach() if self.has_last and losses else None
+
+    def step(self, tokens: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor, doc_ids: torch.Tensor,
+             normaliser: Optional[torch.Tensor | float] = None, sync_tied: bool = True) -> Optional[torch.Tensor]:
+        """Forward + backward; gradients of Σ NLL / `normaliser` (default: this batch's learned
+        tokens) accumulate into this rank's parameters. `sync_tied=False` leaves the tied pair's
+        gradient sum to the caller (`sync_tied_grads` once after accumulating several steps:
+        summing after each would count the earlier steps' gradients again)."""
+        return self._run(True, tokens, labels, positions, doc_ids, normaliser, sync_tied)
+
+    @torch.no_grad()
+    def nll_sum(self, tokens: torch.Tensor, labels: torch.Tensor, positions: torch.Tensor,
+                doc_ids: torch.Tensor) -> torch.Tensor:
+        """Forward only: Σ NLL of the learned tokens of a [B, T] batch, on every pp rank (the
+        last stage's value, summed over the pp group: the others add zero)."""
+        pad = -len(tokens) % self.microbatches
+        if pad:  # whole pieces for the schedule: dummy rows with no learned token
+            def more(t, fill=None):
+                extra = t[:1].expand(pad, *t.shape[1:]).clone()
+                return torch.cat([t, extra.fill_(fill) if fill is not None else extra])
+            tokens, positions, doc_ids, labels = more(tokens), more(positions), more(doc_ids), more(labels, IGNORE)
+        self._run(False, tokens, labels, positions, doc_ids, 1.0)
+        nll = torch.stack(self.last_nll()).sum() if self.has_last and self.loss.nll else torch.zeros((), device=self.device)
+        total = nll.double().reshape(1)
+        self.pp_comm.all_reduce_(total)
+        return total[0]
+
+    def last_nll(self) -> List[torch.Tensor]:
+        """The Σ NLL of each micro-batch of the last step (the schedule's first step also runs a
+        shape-inference forward through the loss: its entry is not one of them)."""
+        return self.loss.nll[-self.microbatches:]
 
     def sync_tied_grads(self) -> None:
         """A tied model's embedding (first stage) and output projection (last stage) are one
-        weight: each gets the sum of both gradients."""
+        weight: each gets the sum of both gradients (the local shards of the same data-parallel
+        coordinate: both are sharded alike)."""
         if not self.tied:
             return
         first = next(m for m in self.modules if m.is_first) if self.has_first else None
@@ -142,13 +184,19 @@ class Pipeline:
         if first is not None and first is last:
             return  # one stage holds both: one parameter, its gradient already the sum
         if self.pp == 1:
-            total = first.tok_embeddings.weight.grad + last.output.weight.grad
-            first.tok_embeddings.weight.grad, last.output.weight.grad = total, total.clone()
+            total = _local(first.tok_embeddings.weight.grad) + _local(last.output.weight.grad)
+            _local(first.tok_embeddings.weight.grad).copy_(total)
+            _local(last.output.weight.grad).copy_(total)
             return
         if first is not None:
-            self._tied_comm.all_reduce_(first.tok_embeddings.weight.grad)
+            self._tied_comm.all_reduce_(_local(first.tok_embeddings.weight.grad))
         if last is not None:
-            self._tied_comm.all_reduce_(last.output.weight.grad)
+            self._tied_comm.all_reduce_(_local(last.output.weight.grad))
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (a view), a plain tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
 
 def _tied_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
@@ -158,10 +206,55 @@ def _tied_group(group: dist.ProcessGroup) -> dist.ProcessGroup:
     return dist.new_group([ranks[0], ranks[-1]])
 
 
+def pipeline_train_step(pipe: Pipeline, optimizer: torch.optim.Optimizer, micro_batches: Sequence[Dict[str, np.ndarray]],
+                        normaliser: float, grad_clip: float, dp_comm: Comm, timer: Optional[StepTimer] = None,
+                        poison: bool = False) -> StepOutput:
+    """`train_step` (elastic/train/step.py) for a pipelined model: each micro-batch of rows is
+    one schedule step (`pipe.microbatches` pieces), gradients accumulating; then the global
+    gradient norm (over the data-parallel shards and the pp stages, a tied copy counted once),
+    clip, and the same skip rule. The loss is the causal LM loss (Σ NLL of the learned tokens /
+    `normaliser`, the step's units over every data-parallel rank); its statistics are summed
+    over the pp group (the last stage's) and the data-parallel peers, so every rank logs the
+    same value."""
+    device = pipe.device
+    timer = timer or StepTimer(device)
+    norm = float("nan") if poison else float(normaliser)
+    nll = torch.zeros((), dtype=torch.float64, device=device)
+    for rows in micro_batches:
+        mb = to_device(rows, device)
+        with timer.phase("pipeline"):  # forward + backward of every stage, p2p and bubble included
+            pipe.step(mb["tokens"], mb["labels"], mb["positions"], mb["doc_ids"], normaliser=norm, sync_tied=False)
+        if pipe.loss.nll:
+            nll = nll + torch.stack(pipe.last_nll()).sum().double()
+    with timer.phase("pipeline"):
+        pipe.sync_tied_grads()  # once, over the accumulated gradients
+    with timer.phase("optimizer"):
+        params = [p for p in pipe.model.parameters() if p.grad is not None]
+        counted = [p for n, p in pipe.model.named_parameters()
+                   if p.grad is not None and not (n == "output.weight" and pipe.tied and not pipe.has_first)]
+        local = torch.nn.utils.get_total_norm([p.grad for p in counted], 2.0) if counted else torch.zeros((), device=device)
+        if hasattr(local, "full_tensor"):
+            local = local.full_tensor()
+        sq = torch.stack([local.double() ** 2, nll])
+        pipe.pp_comm.all_reduce_(sq)  # Σ over the stages: squared norms, and the last stage's NLL
+        total_norm = sq[0].sqrt()
+        stat = sq[1:2].clone()
+        dp_comm.all_reduce_(stat)  # the loss over the data-parallel peers (the norm is global already)
+        if grad_clip > 0 and params:
+            torch.nn.utils.clip_grads_with_norm_(params, grad_clip, total_norm.to(params[0].grad.dtype))
+        loss_sum, gn = torch.cat([stat, total_norm.reshape(1)]).tolist()  # one host sync
+        skipped = not math.isfinite(gn) or not math.isfinite(loss_sum)
+        if not skipped:
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return StepOutput({"loss_sum": loss_sum}, gn, skipped)
+
+
 def full_names(model: Transformer) -> List[str]:
     """The parameter names a pipelined model's stages carry together (a tied model's last stage
     adds `output.weight`)."""
     return [n for n, _ in model.named_parameters()] + (["output.weight"] if model.args.tie_embeddings else [])
 
 
-__all__ = ["SCHEDULES", "Pipeline", "TokenMeanLoss", "check_layout", "full_names", "rank_stages", "stage_ranges"]
+__all__ = ["SCHEDULES", "Pipeline", "TokenMeanLoss", "check_layout", "full_names", "pipeline_train_step", "rank_stages",
+           "stage_ranges"]

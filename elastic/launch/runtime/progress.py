@@ -187,7 +187,7 @@ class Progress:
             return f"{self.prefix} workers: {e.get('world_size')} {verb}, resuming at step {e.get('step')} ({how})"
         if kind == "layout_wait":
             return (f"{self.prefix} workers: {e.get('possible')} could run, {e.get('used')} will: elastic sizes are whole "
-                    f"groups of parallel.tp {e.get('unit')} (the rest wait for a full group)")
+                    f"groups of {e.get('unit')} (parallel.pp x parallel.tp; the rest wait for a full group)")
         if kind == "failure_decision":
             return f"{self.prefix} worker group failed; Ray Train decided: {e.get('decision')}"
         if kind == "controller_state" and e.get("error"):
