@@ -1,4 +1,4 @@
-"""Pipeline parallelism over the `pp` axis: stages, schedules and the loss (issue 59, part 1).
+"""Pipeline parallelism over the `pp` axis: stages, schedules, the loss and the step (issue 59).
 
 `torch.distributed.pipelining` does the send/recv and the schedule; this module decides which
 stages a rank holds, builds the schedule by name, makes the loss of a pipelined step equal the
@@ -14,9 +14,9 @@ gradients (`scale_grads=False`): so the step's gradient is the whole batch's tok
 gradient whatever the micro-batches' token counts (a per-micro-batch mean would weight a
 micro-batch of few learned tokens like a full one).
 
-The world of a Pipeline is its pp group for now (PP x DP and PP x TP meshes, where each replica's
-tied pair is its own group, come with the mesh of issue 59 part 2). Not wired into the jobs yet (train.loop, checkpoint layout, elastic resize, the mesh's pp axis):
-see docs/parallelism.md.
+In a run (elastic/train/loop.py) the stages are FSDP-sharded over the data-parallel axis of the
+worker's mesh (elastic/train/mesh.py), whose pp group and tied pair this takes, and
+`pipeline_train_step` is the loop's step. Pretraining and SFT; see docs/parallelism.md.
 """
 
 from __future__ import annotations
