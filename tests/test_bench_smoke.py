@@ -186,3 +186,17 @@ def test_rollout_buffer_stall_smoke(tmp_path):
     assert [x["completions"] for x in rows] == [8, 32] and "ratio = table_stall_s / json_stall_s" in r.stdout
     for x in rows:
         assert x["ratio"] == x["table_stall_s"] / x["json_stall_s"] and x["parquet_mb"] > 0 and x["json_mb"] > 0
+
+
+def test_pp_bubble_smoke(tmp_path):
+    """bench/pp_bubble.py at toy sizes: every schedule measured on 2 gloo ranks, bubble and
+    theory by their formulas."""
+    out = tmp_path / "ppb.json"
+    r = subprocess.run([sys.executable, str(REPO / "bench" / "pp_bubble.py"), "--dim", "32", "--layers", "4", "--seq", "16",
+                        "--micro", "2", "--reps", "1", "--out", str(out)], capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(x["schedule"], x["microbatches"]) for x in rows] == [("gpipe", 2), ("1f1b", 2), ("interleaved_1f1b", 2)]
+    assert [x["theory"] for x in rows] == [1 / 3, 1 / 3, 1 / 5]
+    for x in rows:
+        assert x["step_s"] > 0 and all(b > 0 for b in x["busy_s"]) and x["speedup"] == x["unsplit_s"] / x["step_s"]
