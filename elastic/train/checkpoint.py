@@ -240,7 +240,10 @@ def load(path: str, model: torch.nn.Module, optimizer: Optional[torch.optim.Opti
 def _options(trainable_only: bool = False, strict: bool = True, flat: bool = True) -> StateDictOptions:
     """How model and optimizer state go to and from DCP: the optimizer's flattened by parameter
     name (module docstring); LoRA runs leave the frozen base out."""
-    return StateDictOptions(ignore_frozen_params=trainable_only, strict=strict, flatten_optimizer_state_dict=flat)
+    # LoRA runs keep the nested form: torch 2.13's flattening fails on the frozen base's empty
+    # parameter group (IndexError in _unflatten_optim_state_dict); LoRA does not pipeline.
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=strict,
+                            flatten_optimizer_state_dict=flat and not trainable_only)
 
 
 def _read_aliases(state: Dict[str, Any], stored: set, aliases: Dict[str, str]) -> Dict[Tuple[str, str], str]:
