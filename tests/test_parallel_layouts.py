@@ -22,42 +22,37 @@ ONE = {"scaling.min_workers": 1, "scaling.max_workers": 1}
 PP2 = {"parallel.pp": 2, "parallel.pp_microbatches": 2, "scaling.min_workers": 2, "scaling.max_workers": 2}
 
 
-def test_tp_run_matches_fsdp_then_resumes_at_one_worker_with_the_same_losses(small_run_6, tmp_path):
-    corpus, a = small_run_6  # the uninterrupted 2-worker FSDP run (tests/conftest.py), STEPS steps
-    store = tmp_path / "runs"
-    b1 = run_pretraining(load_config(None, small_run_overrides(store, "b", corpus, STEPS, **TP4, **{"train.until_step": STOP})))
+def _stop_at_layout_resume_at_one_worker(small_run_6, store, name: str, layout: dict, mesh: str):
+    """Run `layout` to STOP, resume at one unsplit worker; check it against the uninterrupted
+    2-worker FSDP run (tests/conftest.py): the same steps, layouts, losses, tokens and ledger.
+    Returns (reference metrics, this run's metrics)."""
+    corpus, a = small_run_6
+    b1 = run_pretraining(load_config(None, small_run_overrides(store, name, corpus, STEPS, **layout, **{"train.until_step": STOP})))
     assert b1.checkpoint.endswith(f"step_{STOP:08d}")
-    run_pretraining(load_config(None, small_run_overrides(store, "b", corpus, STEPS, **ONE)))
-
-    ma, mb = read_jsonl(a / "metrics.jsonl"), read_jsonl(store / "b" / "metrics.jsonl")
+    run_pretraining(load_config(None, small_run_overrides(store, name, corpus, STEPS, **ONE)))
+    ma, mb = read_jsonl(a / "metrics.jsonl"), read_jsonl(store / name / "metrics.jsonl")
     assert [r["step"] for r in mb] == list(range(1, STEPS + 1))
-    assert [r["world_size"] for r in mb] == [4] * STOP + [1] * (STEPS - STOP)
-    starts = [e for e in read_jsonl(store / "b" / "events.jsonl") if e["event"] == "start"]
-    assert [(e["step"], e["mesh"]) for e in starts] == [(0, "FSDP 2 shards x TP 2"), (STOP, "FSDP 1 shard")]
+    starts = [e for e in read_jsonl(store / name / "events.jsonl") if e["event"] == "start"]
+    assert [(e["step"], e["mesh"]) for e in starts] == [(0, mesh), (STOP, "FSDP 1 shard")]
     np.testing.assert_allclose([r["loss"] for r in mb], [r["loss"] for r in ma], rtol=1e-5)
-    assert [r["tokens"] for r in mb] == [r["tokens"] for r in ma]  # tp peers' tokens counted once
+    assert [r["tokens"] for r in mb] == [r["tokens"] for r in ma]  # tp peers' / pp stages' tokens counted once
     # One ledger record per data-parallel rank: the same global batches, step by step.
-    assert ledger_by_step(store / "b" / "ledger.jsonl") == ledger_by_step(a / "ledger.jsonl")
+    assert ledger_by_step(store / name / "ledger.jsonl") == ledger_by_step(a / "ledger.jsonl")
+    return ma, mb
+
+
+def test_tp_run_matches_fsdp_then_resumes_at_one_worker_with_the_same_losses(small_run_6, tmp_path):
+    _, mb = _stop_at_layout_resume_at_one_worker(small_run_6, tmp_path / "runs", "b", TP4, "FSDP 2 shards x TP 2")
+    assert [r["world_size"] for r in mb] == [4] * STOP + [1] * (STEPS - STOP)
 
 
 def test_pipelined_run_matches_fsdp_then_resumes_unsplit_at_one_worker(small_run_6, tmp_path):
     """PP 2 (tied embeddings: the first stage's embedding and the last stage's output copy sum
     their gradients): the loss curve of the unsplit 2-worker run, and its checkpoint (the stages'
     tensors under the full model's names) resumes at one worker without stages."""
-    corpus, a = small_run_6
-    store = tmp_path / "runs"
-    b1 = run_pretraining(load_config(None, small_run_overrides(store, "p", corpus, STEPS, **PP2, **{"train.until_step": STOP})))
-    assert b1.checkpoint.endswith(f"step_{STOP:08d}")
-    run_pretraining(load_config(None, small_run_overrides(store, "p", corpus, STEPS, **ONE)))
-    ma, mb = read_jsonl(a / "metrics.jsonl"), read_jsonl(store / "p" / "metrics.jsonl")
-    assert [r["step"] for r in mb] == list(range(1, STEPS + 1))
-    starts = [e for e in read_jsonl(store / "p" / "events.jsonl") if e["event"] == "start"]
-    assert [(e["step"], e["mesh"]) for e in starts] == [(0, "PP 2 x FSDP 1 shard"), (STOP, "FSDP 1 shard")]
+    ma, mb = _stop_at_layout_resume_at_one_worker(small_run_6, tmp_path / "runs", "p", PP2, "PP 2 x FSDP 1 shard")
     assert all(r.get("pipeline_s", 0) > 0 for r in mb[:STOP]) and "pipeline_s" not in mb[-1]
-    np.testing.assert_allclose([r["loss"] for r in mb], [r["loss"] for r in ma], rtol=1e-5)
     np.testing.assert_allclose([r["grad_norm"] for r in mb], [r["grad_norm"] for r in ma], rtol=1e-4)
-    assert [r["tokens"] for r in mb] == [r["tokens"] for r in ma]  # pp stages' tokens counted once
-    assert ledger_by_step(store / "p" / "ledger.jsonl") == ledger_by_step(a / "ledger.jsonl")
 
 
 def test_elastic_sizes_are_whole_tp_groups_and_a_left_out_worker_is_said(tmp_path):

@@ -446,8 +446,7 @@ def _validate_parallel(cfg: Config, job: str = "pretrain") -> None:
     _check(p.dp_replicate <= s.max_workers // unit, "parallel.dp_replicate",
            f"{p.dp_replicate} replicas need at least as many data-parallel ranks; scaling.max_workers / "
            f"{'parallel.tp' if p.pp == 1 else '(parallel.pp x parallel.tp)'} is {s.max_workers // unit}")
-    if p.pp > 1 or p.pp_virtual_stages != 1 or p.pp_schedule != "1f1b" or p.pp_microbatches != 4:
-        _validate_pipeline(cfg, job)
+    _validate_pipeline(cfg, job)
     if p.tp == 1:
         return
     _check(cfg.model.lora.rank == 0, "parallel.tp", "LoRA under tensor parallelism is not supported yet (use tp 1)")
