@@ -39,14 +39,15 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from elastic.data.packing import IGNORE  # noqa: E402
 from elastic.model.llama import ModelArgs, Transformer  # noqa: E402
+from elastic.train.pipeline_bubble import bubble_theory  # noqa: E402
 
 SCHEDULES = (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2))
 PP = 2
 
 
 def theory(schedule: str, virtual: int, m: int, p: int = PP) -> float:
-    v = virtual if schedule.startswith("interleaved") or schedule == "looped_bfs" else 1
-    return (p - 1) / (v * m + p - 1)
+    """elastic/train/pipeline_bubble.py's formula (the one each run's report uses)."""
+    return bubble_theory(schedule, p, m, virtual)
 
 
 def _model(a) -> Transformer:

@@ -53,6 +53,15 @@ def test_pipelined_run_matches_fsdp_then_resumes_unsplit_at_one_worker(small_run
     ma, mb = _stop_at_layout_resume_at_one_worker(small_run_6, tmp_path / "runs", "p", PP2, "PP 2 x FSDP 1 shard")
     assert all(r.get("pipeline_s", 0) > 0 for r in mb[:STOP]) and "pipeline_s" not in mb[-1]
     np.testing.assert_allclose([r["grad_norm"] for r in mb], [r["grad_norm"] for r in ma], rtol=1e-4)
+    # Each stage's bubble, measured in the run (elastic/train/pipeline_bubble.py), beside 1F1B's
+    # theory (p-1)/(m+p-1) = 1/3, and each stage's memory; the report's pipeline section.
+    for r in mb[:STOP]:
+        assert r["pp_bubble_theory"] == 1 / 3 and 0 <= r["pp_bubble"] < 1
+        assert len(r["pp_stage_busy_s"]) == 2 and all(0 < b < p for b, p in zip(r["pp_stage_busy_s"], r["pp_stage_pipeline_s"]))
+        assert r["pp_stage_pipeline_s"][0] == r["pipeline_s"] and all(x > 0 for x in r["pp_stage_mem_gib"])
+        assert "pp_busy_s" not in r and "pp_idle_s" in r
+    report = (tmp_path / "runs" / "p" / "report.md").read_text()
+    assert "## Pipeline stages" in report and "1f1b, 2 micro-batches" in report
 
 
 def test_elastic_sizes_are_whole_tp_groups_and_a_left_out_worker_is_said(tmp_path):

@@ -20,6 +20,10 @@ reaches its threshold:
                  rank (a straggler, or another rank's input)                ≥ 10%
   generation     Σ generate_s / Σ step_s (GRPO)                            ≥ 50%
   reward_wait    Σ reward_wait_s / Σ step_s (GRPO)                         ≥ 15%
+  pipeline_bubble Σ pp_idle_s / Σ step_s: pipeline stages waiting on each other
+                 (per step the mean over pp ranks of the pipeline phase minus the
+                 stage's own forward/backward chunks, elastic/train/pipeline_bubble.py;
+                 the evidence gives the measured bubble beside (p-1)/(m+p-1))     ≥ 15%
   rollout_wait   Σ rollout_wait_s / Σ step_s (disaggregated RL: the trainers
                  waited for the rollout fleet)                              ≥ 15%
                  (when nothing waits and the fleet was idle ≥ 50% of its time,
@@ -77,6 +81,7 @@ THRESHOLDS: Dict[str, float] = {
     "generation": 0.50,
     "reward_wait": 0.15,
     "rollout_wait": 0.15,
+    "pipeline_bubble": 0.15,
     "restarts": 0.05,
     "overhead": 0.05,
     "instability": 0.01,
@@ -88,14 +93,15 @@ INSTABILITY_MIN_STEPS = 2
 CPU_CONTENTION = 0.75
 GPU_LOW_MFU = 0.30
 # Classes that cost time; their scores are shares of the run's time and compete directly.
-TIME_CLASSES = ("input", "communication", "checkpoint", "sync", "generation", "reward_wait", "rollout_wait", "restarts", "overhead",
-                "instability")
+TIME_CLASSES = ("input", "communication", "checkpoint", "sync", "generation", "reward_wait", "rollout_wait", "pipeline_bubble", "restarts",
+                "overhead", "instability")
 # A disaggregated run's fleet idle at least this share of its time (while the trainers did not wait)
 # means training limits the run.
 FLEET_IDLE = 0.5
 # Per-step time fields (`<key>_s` in metrics.jsonl) and their labels.
 BREAKDOWN_KEYS = (("data_wait", "data wait"), ("forward", "forward (incl. exposed comm)"),
-                  ("backward", "backward (incl. exposed comm)"), ("optimizer", "optimizer"), ("checkpoint", "checkpoint"),
+                  ("backward", "backward (incl. exposed comm)"), ("pipeline", "pipeline stages (fwd+bwd, p2p, bubble)"),
+                  ("optimizer", "optimizer"), ("checkpoint", "checkpoint"),
                   ("sync", "waiting for other ranks"), ("eval", "held-out evaluation"), ("profile", "profiler overhead"),
                   ("comm", "exposed comm (profiled steps)"), ("generate", "generate"), ("reward_wait", "reward wait"),
                   ("logprob", "log-probs"), ("update", "update"), ("rollout_wait", "waiting for the rollout fleet"))
@@ -235,9 +241,11 @@ def time_figures(recs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     for k, _ in BREAKDOWN_KEYS:
         f[f"{k}_share"] = _share(recs, f"{k}_s")
     f["comm_sampled_steps"] = sum(1 for r in recs if _num(r.get("comm_s")))
+    f["pp_idle_share"] = _share(recs, "pp_idle_s")
+    f["pp_bubble_mean"], f["pp_bubble_theory"] = _mean(recs, "pp_bubble"), _mean(recs, "pp_bubble_theory")
     grpo = f["generate_share"] is not None or f["rollout_wait_share"] is not None
     parts = (("generate", "rollout_wait", "reward_wait", "logprob", "update", "sync", "checkpoint", "eval") if grpo
-             else ("data_wait", "forward", "backward", "optimizer", "sync", "checkpoint", "eval", "profile"))
+             else ("data_wait", "forward", "backward", "pipeline", "optimizer", "sync", "checkpoint", "eval", "profile"))
     known = [f[f"{p}_share"] for p in parts if f[f"{p}_share"] is not None]
     f["other_share"] = max(0.0, 1.0 - sum(known)) if len(known) > 1 else None
     if grpo:
@@ -245,6 +253,8 @@ def time_figures(recs: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
         f["compute_share"] = sum(compute) if compute else None
     elif f["forward_share"] is not None and f["backward_share"] is not None:
         f["compute_share"] = f["forward_share"] + f["backward_share"] + (f["optimizer_share"] or 0.0) - (f["comm_share"] or 0.0)
+    elif f["pipeline_share"] is not None:  # pipeline stages: their time less the bubble
+        f["compute_share"] = f["pipeline_share"] - (f["pp_idle_share"] or 0.0) + (f["optimizer_share"] or 0.0)
     else:  # an older run without the breakdown: what is not waiting
         f["compute_share"] = max(0.0, 1.0 - (f["data_wait_share"] or 0.0) - (f["checkpoint_share"] or 0.0)) if recs else None
     if _num(f["step_s_mean"]) and any(_num(r.get("slowest_rank_step_s")) for r in recs):
@@ -451,6 +461,9 @@ def diagnose(metrics: Sequence[Dict[str, Any]], events: Sequence[Dict[str, Any]]
     s = tf["rollout_wait_share"]
     if s is not None and s >= THRESHOLDS["rollout_wait"]:
         found.append(_rollout_wait(s, tf, config))
+    s = tf["pp_idle_share"]
+    if s is not None and s >= THRESHOLDS["pipeline_bubble"]:
+        found.append(_pipeline_bubble(s, tf, config))
     f = _restarts(recovery, tf["step_s_mean"], checkpoint_figures(metrics, events)["checkpoint_blocked_per_save_s"], config)
     if f:
         found.append(f)
@@ -501,6 +514,18 @@ def _checkpoint(share: float, tf: Dict[str, Any], config: Optional[Dict[str, Any
     else:
         lever = f"a larger {every}, {weigh}"
     return Finding("checkpoint", share, THRESHOLDS["checkpoint"], ev, lever)
+
+
+def _pipeline_bubble(s: float, tf: Dict[str, Any], config: Optional[Dict[str, Any]]) -> Finding:
+    theory = f" (theory {tf['pp_bubble_theory']:.3f})" if _num(tf.get("pp_bubble_theory")) else ""
+    bubble = f"; the stages' mean bubble was {tf['pp_bubble_mean']:.3f}{theory}" if _num(tf.get("pp_bubble_mean")) else ""
+    return Finding("pipeline_bubble", s, THRESHOLDS["pipeline_bubble"],
+                   f"pipeline stages waited on each other {_pct(s)} of step time{bubble}.",
+                   f"more micro-batches per schedule step: parallel.pp_microbatches{_now(config, 'parallel.pp_microbatches')} "
+                   "(bubble (p-1)/(m+p-1)), an interleaved schedule with virtual stages: parallel.pp_schedule"
+                   f"{_now(config, 'parallel.pp_schedule')} interleaved_1f1b and parallel.pp_virtual_stages"
+                   f"{_now(config, 'parallel.pp_virtual_stages')} 2 ((p-1)/(v m+p-1)), or fewer stages: "
+                   f"parallel.pp{_now(config, 'parallel.pp')} (FSDP shards the rest)")
 
 
 def _cpu_contention(tf: Dict[str, Any]) -> Tuple[str, str]:
@@ -594,6 +619,7 @@ MEASURES = (
     ("generation", "generate_share", "generate / step time (GRPO)"),
     ("reward_wait", "reward_wait_share", "reward wait / step time (GRPO)"),
     ("rollout_wait", "rollout_wait_share", "rollout wait / step time (disaggregated RL)"),
+    ("pipeline_bubble", "pp_idle_share", "pipeline stages' idle time / step time"),
     ("restarts", "lost_share", "1 − goodput (with restarts: restarts, else overhead)"),
     ("instability", "affected_share", "bad or spiking steps / steps"),
     ("memory", "mem_frac", "peak memory / device memory"),

@@ -14,6 +14,7 @@ import os
 from typing import Any, Dict, List, Optional, Sequence
 
 from elastic.report.bottleneck import BREAKDOWN_KEYS, Diagnosis, measures
+from elastic.report.pipeline_section import pipeline_section
 from elastic.report.run import RunData
 
 MAX_LISTED = 10
@@ -176,6 +177,7 @@ def render_markdown(run: RunData, diag: Diagnosis, plots: Dict[str, str], out_di
                     [(i, r.get("cause"), f"{r.get('world_size_before')} → {r.get('world_size_after')}", r.get("resumed_from_step"),
                       r.get("steps_redone"), _dur(r.get("recovery_s"))) for i, r in enumerate(restarts, 1)])
         L += [""]
+    L += pipeline_section(run)
     L += _grpo_section(run)
     L += _rollout_section(run)
     L += _eval_section(run)

@@ -444,6 +444,14 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
             phases = timer.seconds()
             if not evals:
                 phases.pop("eval_s", None)
+            pp_figures = {}
+            if pipe is not None:  # each stage's busy time and memory, gathered over the pp group
+                from elastic.train.pipeline_bubble import BUSY_PHASE, stage_figures
+
+                pp_figures = stage_figures(pipe.pp_comm, phases, next(iter(memory_gib(device).values())),
+                                           schedule=pipe.schedule_name, microbatches=pipe.microbatches,
+                                           virtual=pipe.virtual)
+                phases.pop(f"{BUSY_PHASE}_s", None)  # inside pipeline_s: per stage in pp_stage_busy_s
             tokens_global = int(gathered[:, 0].sum())
             slowest = float(gathered[:, 1].max())
             trained_global, forward_global = float(gathered[:, 2].sum()), float(gathered[:, 3].sum())
@@ -492,7 +500,7 @@ def run_worker(config: Dict[str, Any], make_job: Callable[[], Job]) -> None:
                        "step_s": step_s, "slowest_rank_step_s": slowest, "world_size": world,
                        # The attempt's first step (compile, CUDA/data start-up): not a steady rate.
                        **({"warmup": True} if step == start_step else {}),
-                       **{k: v for k, v in phases.items()}, **memory_gib(device), "time": time.time()}
+                       **{k: v for k, v in phases.items()}, **pp_figures, **memory_gib(device), "time": time.time()}
                 # The optimizer updates' own time (GRPO's update phase; forward+backward+optimizer).
                 rec["update_s"] = sum(phases.get(k, 0.0) for k in ("forward_s", "backward_s", "pipeline_s", "optimizer_s"))
                 if rec["update_s"] > 0:  # the same FLOPs formula over the updates' own time (rank 0's)

@@ -36,6 +36,7 @@ from elastic.data.packing import IGNORE
 from elastic.model.llama import Transformer
 from elastic.model.stages import StageModel, TransformerStage, stage_ranges
 from elastic.train.comm import Comm
+from elastic.train.pipeline_bubble import BUSY_PHASE, time_chunks
 from elastic.train.step import StepOutput, to_device
 from elastic.train.timing import StepTimer
 
@@ -98,9 +99,15 @@ class Pipeline:
         self.modules: List[TransformerStage] = stages.stages
         self.stages = [PipelineStage(m, i, self.n_stages, device, group=group) for m, i in zip(self.modules, self.indices)]
         self.loss = TokenMeanLoss()
+        # The stages' compute time while `busy` is set (a training step): the bubble's measure
+        # (elastic/train/pipeline_bubble.py).
+        self.busy: Optional[StepTimer] = None
+        self.schedule_name, self.virtual = schedule, virtual
+        for st in self.stages:
+            time_chunks(st, lambda: self.busy)
         cls, multi = SCHEDULES[schedule]
-        self.schedule = (cls(self.stages, n_microbatches=microbatches, loss_fn=self.loss, scale_grads=False) if multi
-                         else cls(self.stages[0], n_microbatches=microbatches, loss_fn=self.loss, scale_grads=False))
+        self.schedule = (cls(self.stages, n_microbatches=microbatches, loss_fn=self._loss, scale_grads=False) if multi
+                         else cls(self.stages[0], n_microbatches=microbatches, loss_fn=self._loss, scale_grads=False))
         self.tied = stages.args.tie_embeddings
         self.has_first, self.has_last = stages.has_first, stages.has_last
         self._tied_comm = None
@@ -109,6 +116,12 @@ class Pipeline:
             if self.has_first or self.has_last:
                 self._tied_comm = Comm(device, group=g)
         self.pp_comm = Comm(device, group=group)
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.busy is None:
+            return self.loss(logits, labels)
+        with self.busy.phase(BUSY_PHASE):
+            return self.loss(logits, labels)
 
     @classmethod
     def of_model(cls, model: Transformer, group: dist.ProcessGroup, device: torch.device, *, virtual: int = 1,
@@ -220,12 +233,16 @@ def pipeline_train_step(pipe: Pipeline, optimizer: torch.optim.Optimizer, micro_
     timer = timer or StepTimer(device)
     norm = float("nan") if poison else float(normaliser)
     nll = torch.zeros((), dtype=torch.float64, device=device)
-    for rows in micro_batches:
-        mb = to_device(rows, device)
-        with timer.phase("pipeline"):  # forward + backward of every stage, p2p and bubble included
-            pipe.step(mb["tokens"], mb["labels"], mb["positions"], mb["doc_ids"], normaliser=norm, sync_tied=False)
-        if pipe.loss.nll:
-            nll = nll + torch.stack(pipe.last_nll()).sum().double()
+    pipe.busy = timer  # the stages' own compute, as the pp_busy phase (elastic/train/pipeline_bubble.py)
+    try:
+        for rows in micro_batches:
+            mb = to_device(rows, device)
+            with timer.phase("pipeline"):  # forward + backward of every stage, p2p and bubble included
+                pipe.step(mb["tokens"], mb["labels"], mb["positions"], mb["doc_ids"], normaliser=norm, sync_tied=False)
+            if pipe.loss.nll:
+                nll = nll + torch.stack(pipe.last_nll()).sum().double()
+    finally:
+        pipe.busy = None
     with timer.phase("pipeline"):
         pipe.sync_tied_grads()  # once, over the accumulated gradients
     with timer.phase("optimizer"):
