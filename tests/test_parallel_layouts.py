@@ -1,7 +1,8 @@
 """Layouts in a real run (elastic/train/mesh.py, parallelize.py, pipeline.py): a pretraining run
 at FSDP 2 x TP 2 (4 workers), and one in two pipeline stages (PP 2, 2 workers, 1F1B), train like
 the 2-worker FSDP run, stop, and resume at one worker (no tensor or pipeline parallelism) from
-their checkpoints with the same losses and the same samples; and elastic sizes come in whole
+their checkpoints with the same losses and the same samples; a PP 2 x DP 2 checkpoint resumes at
+TP 2 and that one unsplit, the chained losses within 1e-6; and elastic sizes come in whole
 tensor-parallel groups.
 
 The step functions themselves (HSDP, TP with tied and untied output) are held to one process
@@ -62,6 +63,32 @@ def test_pipelined_run_matches_fsdp_then_resumes_unsplit_at_one_worker(small_run
         assert "pp_busy_s" not in r and "pp_idle_s" in r
     report = (tmp_path / "runs" / "p" / "report.md").read_text()
     assert "## Pipeline stages" in report and "1f1b, 2 micro-batches" in report
+
+
+PP2DP2 = {"parallel.pp": 2, "parallel.pp_microbatches": 2, "scaling.min_workers": 4, "scaling.max_workers": 4,
+          "scaling.cpus_per_worker": 0.5}
+TP2 = {"parallel.tp": 2, "scaling.min_workers": 2, "scaling.max_workers": 2}
+
+
+def test_a_pp2_dp2_checkpoint_resumes_at_tp2_and_that_one_unsplit(small_run_6, tmp_path):
+    """Checkpoints move between layouts (issue 59 item 4): PP 2 x DP 2 (4 workers, FSDP inside each
+    stage) for 2 steps, resumed at TP 2 for 2 more, then at one unsplit worker to the end. The
+    chained loss curve is the uninterrupted 2-worker FSDP run's, from the same data positions."""
+    corpus, a = small_run_6
+    store = tmp_path / "runs"
+    for layout, until in ((PP2DP2, 2), (TP2, 4), (ONE, 0)):
+        run_pretraining(load_config(None, small_run_overrides(store, "c", corpus, STEPS, **layout, **{"train.until_step": until})))
+    ma, mc = read_jsonl(a / "metrics.jsonl"), read_jsonl(store / "c" / "metrics.jsonl")
+    assert [r["step"] for r in mc] == list(range(1, STEPS + 1))
+    assert [r["world_size"] for r in mc] == [4, 4, 2, 2, 1, 1]
+    starts = [e for e in read_jsonl(store / "c" / "events.jsonl") if e["event"] == "start"]
+    assert [(e["step"], e["mesh"]) for e in starts] == [(0, "PP 2 x FSDP 2 shards"), (2, "FSDP 1 shard x TP 2"),
+                                                       (4, "FSDP 1 shard")]
+    # issue 59's bar: the loss within 1e-6 relative (measured: 6e-8 at most; grad norms 1.3e-6)
+    np.testing.assert_allclose([r["loss"] for r in mc], [r["loss"] for r in ma], rtol=1e-6)
+    np.testing.assert_allclose([r["grad_norm"] for r in mc], [r["grad_norm"] for r in ma], rtol=1e-5)
+    assert [r["tokens"] for r in mc] == [r["tokens"] for r in ma]
+    assert ledger_by_step(store / "c" / "ledger.jsonl") == ledger_by_step(a / "ledger.jsonl")
 
 
 def test_elastic_sizes_are_whole_tp_groups_and_a_left_out_worker_is_said(tmp_path):
