@@ -57,12 +57,16 @@ def test_tp_peers_are_consecutive_ranks_of_one_data_parallel_rank():
     ({"pp": 2, "pp_virtual_stages": 2}, {"min_workers": 2, "max_workers": 2}, "parallel.pp_virtual_stages=2"),
     ({"pp": 2, "pp_schedule": "zigzag"}, {"min_workers": 2, "max_workers": 2}, "parallel.pp_schedule"),
     ({"pp": 2, "pp_microbatches": 3}, {"min_workers": 2, "max_workers": 2}, "parallel.pp_microbatches"),  # 4-row micro-batches
-    ({"pp": 2, "tp": 2}, {"min_workers": 4, "max_workers": 4}, "parallel.pp"),
+    ({"pp": 2, "tp": 2}, {"min_workers": 2, "max_workers": 4}, "parallel.pp"),  # 2 workers: half a pp x tp unit
 ])
 def test_bad_parallel_config_is_one_line_naming_the_key(parallel, scaling, key):
     with pytest.raises(ConfigError) as e:
         validate(from_dict({"parallel": parallel, "scaling": scaling}))
     assert key in str(e.value) and "\n" not in str(e.value)
+
+
+def test_pipeline_stages_with_tensor_parallelism_validate():
+    validate(from_dict({"parallel": {"pp": 2, "tp": 2}, "scaling": {"min_workers": 4, "max_workers": 8}}))
 
 
 @pytest.mark.parametrize("job", ["grpo", "dpo", "reward_model"])

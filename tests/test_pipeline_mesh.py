@@ -1,6 +1,7 @@
 """Pipeline stages on the worker's one mesh (elastic/train/mesh.py WorkerMesh, loop.build_sharded_model,
 pipeline.pipeline_train_step) over real gloo ranks: PP 2 x DP 2 (each stage FSDP-sharded over
-its two data-parallel ranks) and PP 2 with two interleaved virtual stages per rank train two
+its two data-parallel ranks), PP 2 x TP 2 (each stage tensor-parallel inside) and PP 2 with two
+interleaved virtual stages per rank train two
 steps exactly like one process on the whole batch: the same loss sums and gradient norms
 (accumulated over two micro-batches, a tied embedding's two copies summed once), and the
 same weights after the updates."""
@@ -107,6 +108,7 @@ def _reference(n_layers: int):
 @pytest.mark.parametrize("world,n_layers,parallel,mesh", [
     (4, 2, {"pp": 2, "pp_microbatches": 2}, "PP 2 x FSDP 2 shards"),
     (2, 4, {"pp": 2, "pp_microbatches": 2, "pp_virtual_stages": 2, "pp_schedule": "interleaved_1f1b"}, "PP 2 x FSDP 1 shard"),
+    (4, 2, {"pp": 2, "tp": 2, "pp_microbatches": 2}, "PP 2 x FSDP 1 shard x TP 2"),
 ])
 def test_pipelined_steps_on_the_mesh_equal_one_process(world, n_layers, parallel, mesh):
     want_steps, want_params = _reference(n_layers)

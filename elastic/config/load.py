@@ -475,8 +475,6 @@ def _validate_pipeline(cfg: Config, job: str) -> None:
     names = {"grpo": "GRPO / PPO (rl.*)", "dpo": "DPO", "reward_model": "reward-model training"}
     _check(job not in names, "parallel.pp",
            f"{names.get(job, job)} does not run pipelined; pipeline stages are for pretraining and SFT (set parallel.pp 1)")
-    _check(p.tp == 1, "parallel.pp", f"pipeline stages with tensor parallelism (parallel.tp {p.tp}) are not built yet: "
-           "use parallel.pp or parallel.tp, not both")
     _check(cfg.model.lora.rank == 0 and getattr(cfg.model, "quantize_base", "none") == "none", "parallel.pp",
            "LoRA / QLoRA (model.lora, model.quantize_base) under pipeline stages is not supported yet (set parallel.pp 1)")
     _check(not cfg.eval.tasks, "eval.tasks", "in-training task evaluation under pipeline stages (parallel.pp "

@@ -47,41 +47,61 @@ def apply_activation_checkpointing(model: Transformer) -> None:
         model.layers[key] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
-def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh) -> None:
-    """The Megatron split of every block plus vocabulary-parallel embedding and output."""
+def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
+    """The Megatron split of every block plus vocabulary-parallel embedding and output.
+
+    `model` is a Transformer, or one pipeline stage of it (elastic/model/stages.py
+    TransformerStage: a ModuleDict of some layers, the embedding on the first stage only, norm
+    and output on the last only). A stage's residual stream leaves its last block whole (plain
+    tensors cross between stages) and enters a later stage's first block as this rank's
+    sequence shard; a tied last stage's own copy of the embedding is vocabulary-sharded like
+    the embedding itself, so the two copies' local shards pair up rank by rank."""
     from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleOutput,
-                                                   RowwiseParallel, SequenceParallel, parallelize_module)
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
+                                                   PrepareModuleOutput, RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
 
     tp = tp_mesh.size()
-    plan = {
+    layers = model.layers
+    names = list(layers.keys()) if isinstance(layers, torch.nn.ModuleDict) else [str(i) for i in range(len(layers))]
+    blocks = list(layers.values()) if isinstance(layers, torch.nn.ModuleDict) else list(layers)
+    embeds = getattr(model, "tok_embeddings", None) is not None
+    output = getattr(model, "output", None)
+    tied_here = model.args.tie_embeddings and embeds and output is not None  # one weight on this module
+    # The stream leaves the last block whole: the final norm, the jobs and the next pipeline
+    # stage see plain tensors.
+    leave = dict(output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True)
+    # A later pipeline stage: the whole stream arrives; each rank keeps its sequence shard.
+    enter = dict(input_layouts=(Replicate(), None, None), desired_input_layouts=(Shard(1), None, None))
+    plan = {f"layers.{names[-1]}": PrepareModuleOutput(**leave)}
+    if embeds:
         # Vocabulary-sharded rows; the partial sums are reduce-scattered over the sequence.
         # The residual stream stays a DTensor (use_local_output=False): it then knows its global
         # length, so a sequence that tp does not divide (scoring passes, evaluation) shards
         # unevenly and gathers back exactly.
-        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False),
-        # The stream leaves the last block whole: the final norm and the jobs see plain tensors.
-        f"layers.{len(model.layers) - 1}": PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate(),
-                                                               use_local_output=True),
-    }
-    out_features = model.output.weight.shape[0]
-    split_output = out_features % tp == 0 and not model.args.tie_embeddings
+        plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False)
+    elif len(names) == 1:  # one block enters and leaves the stage
+        plan[f"layers.{names[0]}"] = PrepareModuleInputOutput(**enter, use_local_input=False, **leave)
+    else:
+        plan[f"layers.{names[0]}"] = PrepareModuleInput(**enter, use_local_output=False)
+    split_output = output is not None and output.weight.shape[0] % tp == 0 and not tied_here
     if split_output:
         plan["output"] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True)
     parallelize_module(model, tp_mesh, plan)
     # The final norm (and an output too narrow to split, e.g. a reward model's scalar head) run
     # whole on every tp rank: their weights become Replicate DTensors on the tp axis, so every
     # parameter lives on one (dp, tp) mesh (gradient clipping takes one norm over all of them).
-    _replicated(model.norm, tp_mesh)
-    if not split_output and not model.args.tie_embeddings:
-        _replicated(model.output, tp_mesh)
+    if getattr(model, "norm", None) is not None:
+        _replicated(model.norm, tp_mesh)
+    if output is not None and not split_output and not tied_here:
+        _replicated(output, tp_mesh)
     if model.args.qk_norm:
         # Qwen3's q/k norms: one [head_dim] weight shared by every head; each rank normalises its
         # own heads ([B, T, heads/tp, head_dim]: Shard(2)), and the weight's gradient is summed.
-        for block in model.layers:
+        for block in blocks:
             _replicated(block.attention.q_norm, tp_mesh, Shard(2))
             _replicated(block.attention.k_norm, tp_mesh, Shard(2))
-    for block in model.layers:
+    for block in blocks:
         parallelize_module(block, tp_mesh, {
             "attention_norm": SequenceParallel(),
             # x, freqs, meta, cache (None in training): only x is a sequence-sharded activation.
@@ -97,7 +117,7 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh) -> None:
             "feed_forward.w3": ColwiseParallel(),
             "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
         })
-    if model.args.tie_embeddings:
+    if tied_here:
         # The output shares the embedding's vocabulary-sharded weight: project the gathered
         # stream onto this rank's vocabulary rows and gather the logits.
         model.tie_weights()
