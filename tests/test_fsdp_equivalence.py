@@ -19,7 +19,7 @@ from elastic.data.packing import pack_documents
 from elastic.train.loop import build_model, build_sharded_model, worker_mesh
 from elastic.train.optim import build_optimizer
 from elastic.train.comm import Comm
-from elastic.train.step import causal_lm_loss, label_count, split_micro, train_step
+from elastic.train.step import batch_attention, causal_lm_loss, label_count, split_micro, train_step
 
 CFG = {"model": {"preset": "tiny", "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "ffn_hidden": 128},
        "data": {"vocab_size": 300, "seq_len": 32}, "train": {"global_batch_size": 8, "micro_batch_size": 2, "param_dtype": "fp32"},
@@ -71,6 +71,32 @@ def _with_qk_norm() -> None:
     loop.resolved_model_dims = lambda cfg: {**plain(cfg), "qk_norm": True}
 
 
+def _check_loss_parallel(model, tp: int) -> None:
+    """parallel.loss_parallel (the default): inside train_step's scope the LM loss gets logits
+    sharded over the vocabulary (V/tp per rank, never gathered); anywhere else the model's
+    logits are whole plain tensors (generation, evaluation, RL). The two losses agree."""
+    from torch.distributed.tensor import DTensor
+    from elastic.train.parallelize import loss_parallel_scope, sharded_logits
+    from elastic.train.step import to_device
+
+    assert model._elastic_loss_parallel
+    mb = to_device(split_micro(fixed_global_batch(0), 4)[0], torch.device("cpu"))
+    args = (mb["tokens"], mb["positions"], mb["doc_ids"], batch_attention(model, mb))
+    with torch.no_grad():
+        whole = model(*args)
+        assert type(whole) is torch.Tensor and whole.shape[-1] == 300
+        gathered = causal_lm_loss(model, mb).loss_sum  # outside the scope: whole logits
+        with loss_parallel_scope(model) as on:
+            assert on
+            assert type(model(*args)) is torch.Tensor  # in the scope but not asked for shards
+            with sharded_logits():
+                shards = model(*args)
+            assert isinstance(shards, DTensor) and shards.to_local().shape[-1] == 300 // tp
+            parallel = causal_lm_loss(model, mb).loss_sum
+    assert type(parallel) is torch.Tensor and parallel.dim() == 0
+    torch.testing.assert_close(parallel, gathered, rtol=1e-6, atol=0)
+
+
 def fsdp_worker(config):
     import ray.train
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -92,6 +118,8 @@ def fsdp_worker(config):
         assert p.device_mesh.mesh_dim_names == ("dp_replicate", "dp_shard") and tuple(p.placements) == (Replicate(), Shard(0))
     else:
         assert tuple(p.placements) == (Shard(0),)
+    if par["tp"] > 1:
+        _check_loss_parallel(model, par["tp"])
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     # Copies: with one data-parallel rank the full state dict may share the live parameters' storage.
     init = {k: v.clone() for k, v in get_model_state_dict(model, options=opts).items()}

@@ -236,6 +236,11 @@ class ParallelSection:
     # this many (the bubble is (pp - 1) / (pp_microbatches + pp - 1) for GPipe and 1F1B).
     pp_microbatches: int = 4
     pp_virtual_stages: int = 1
+    # Under tp: pretraining's and SFT's cross-entropy runs on vocabulary-sharded logits (torch's
+    # loss_parallel), so no rank holds or gathers the [tokens, vocabulary] logits. false: gather
+    # them first (the same loss; for comparing). RL, DPO, evaluation and a pipeline's last stage
+    # always see whole logits.
+    loss_parallel: bool = True
 
 
 @dataclass

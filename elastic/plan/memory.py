@@ -17,9 +17,11 @@ n_kv_heads x head_dim, f ffn_hidden, V vocabulary, L layers, c the compute dtype
                                            activation checkpointing c t h / tp per block (its
                                            input) x L, plus one block's full set while it is
                                            recomputed
-  logits       t V (c + 4 + 4)             the logits, their fp32 upcast for the loss and its
-                                           gradient; whole on every tp rank (the output's
-                                           logits are gathered: loss-parallel is not built)
+  logits       t V (c + 4 + 4) / tp        the logits, their fp32 upcast for the loss and its
+                                           gradient: vocabulary shards under loss parallelism
+                                           (parallel.loss_parallel, elastic/train/parallelize.py);
+                                           whole (no / tp) on a pipeline's last stage, which
+                                           gathers them
 
 plus a reserve of 10% and 1 GiB (CUDA context, allocator fragmentation, communication
 buffers). Sequence parallelism divides the activations by tp (each rank keeps T/tp positions
@@ -126,7 +128,7 @@ def footprint(s: Dict, vocab: int, layout: LayoutSpec, seq_len: int, micro_batch
         "gathered": c * (2 * p["B"] + ends) / tp,
         "block_grads": 4 * p["B"] / tp,
         "activations": acts,
-        "logits": t * vocab * (c + 4 + 4),
+        "logits": t * vocab * (c + 4 + 4) / (tp if pp == 1 else 1),
     }
     if pp > 1:
         parts["p2p"] = 2 * c * t * h / tp

@@ -140,7 +140,8 @@ def build_sharded_model(cfg, device: torch.device, param_dtype: torch.dtype,
     mesh = mesh if mesh is not None else worker_mesh(cfg, device)
     if mesh.layout.pp > 1:
         return _build_stages(cfg, model, device, param_dtype, mesh), args, backend
-    model = parallelize(model, device, param_dtype, cfg.train.activation_checkpointing, mesh, ignored_params=ignored)
+    model = parallelize(model, device, param_dtype, cfg.train.activation_checkpointing, mesh, ignored_params=ignored,
+                        loss_parallel=cfg.parallel.loss_parallel)
     model.to_empty(device=device)
     model.init_buffers()
     model.init_weights(seed=cfg.run.seed, assign=_assign_shard)
@@ -261,7 +262,7 @@ def _build_stages(cfg, model: Transformer, device: torch.device, param_dtype: to
     pp_rank = layout.pp_rank(dist.get_rank())
     stages = StageModel(model, layout.pp * p.pp_virtual_stages, rank_stages(pp_rank, layout.pp, p.pp_virtual_stages))
     for stage in stages.stages:
-        parallelize(stage, device, param_dtype, cfg.train.activation_checkpointing, mesh)
+        parallelize(stage, device, param_dtype, cfg.train.activation_checkpointing, mesh, loss_parallel=False)
     stages.collect()  # the (wrapped) layers under their full names
     stages.to_empty(device=device)
     init_stage_weights(stages, cfg.run.seed, assign=_assign_shard)

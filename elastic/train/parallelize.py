@@ -16,13 +16,26 @@ MLP and one reduce-scatter after. Between them the residual stream is sharded ov
 (sequence parallelism: the norms run on T/tp positions each). Attention itself sees the whole
 sequence with n_heads/tp heads, so document masking is exactly as without TP. After the last
 block the stream is gathered, so the final norm, `select`/`last_only` and every job's loss see
-ordinary tensors; the output projection is column-wise over the vocabulary and its logits are
-gathered (loss-parallel cross-entropy, which would skip that gather, is not built).
+ordinary tensors. The output projection is column-wise over the vocabulary.
+
+Loss parallelism (`parallel.loss_parallel`, on by default; torchtitan's default too). The LM
+loss of pretraining and SFT (step.py `causal_lm_loss`) takes the logits as they come out of the
+column-wise projection, a DTensor sharded over the vocabulary (each rank [.., V/tp]), and
+torch's `loss_parallel` computes the cross-entropy from the shards: a max, a sum of exponentials
+and the target's logit, each all-reduced over tp, so no rank ever holds the [tokens, V] logits
+(at 128k vocabulary and 8k tokens per micro-batch that is 4 GB of fp32 per rank, and the gather
+that makes it). Everything else that calls the model (generation, evaluation, the RL and DPO
+log-probs, a pipeline's last stage) gets the logits gathered whole, as before: the output's
+hook gathers them unless both scopes below are open. The scopes: `loss_parallel_scope(model)`
+around a micro-batch's forward and backward (train_step; torch's `loss_parallel` must cover
+the backward too) and `sharded_logits()` around the model call of a loss written for shards.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import contextlib
+import contextvars
+from typing import Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -31,6 +44,50 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from elastic.model.llama import Transformer
 from elastic.train.mesh import WorkerMesh, layout_for
+
+
+_IN_LOSS_PARALLEL = contextvars.ContextVar("elastic_in_loss_parallel", default=False)
+_WANT_SHARDED = contextvars.ContextVar("elastic_want_sharded_logits", default=False)
+
+
+@contextlib.contextmanager
+def loss_parallel_scope(model: torch.nn.Module) -> Iterator[bool]:
+    """Around one micro-batch's forward and backward: torch's `loss_parallel` when `model`'s
+    logits are vocabulary-sharded (tp > 1 with parallel.loss_parallel), else nothing. Yields
+    whether it is on. Harmless for plain tensors: it only changes how DTensor cross-entropy
+    and log-softmax run."""
+    if not getattr(model, "_elastic_loss_parallel", False):
+        yield False
+        return
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    token = _IN_LOSS_PARALLEL.set(True)
+    try:
+        with loss_parallel():
+            yield True
+    finally:
+        _IN_LOSS_PARALLEL.reset(token)
+
+
+@contextlib.contextmanager
+def sharded_logits() -> Iterator[None]:
+    """Around the model call of a loss that takes vocabulary-sharded logits (a DTensor
+    [.., V] Shard(-1)) through `F.cross_entropy`: inside `loss_parallel_scope` the output keeps
+    them sharded; anywhere else (or without tp) they come out whole as before."""
+    token = _WANT_SHARDED.set(True)
+    try:
+        yield
+    finally:
+        _WANT_SHARDED.reset(token)
+
+
+def _gather_logits(module: torch.nn.Module, inputs, out):
+    """The output's forward hook under loss parallelism: whole logits (a plain tensor, the
+    all-gather ColwiseParallel(output_layouts=Replicate()) makes) unless a sharded-logits loss
+    asked for the shards inside a loss-parallel scope."""
+    if _IN_LOSS_PARALLEL.get() and _WANT_SHARDED.get():
+        return out
+    return out.full_tensor()
 
 
 def _blocks(model: torch.nn.Module):
@@ -47,7 +104,7 @@ def apply_activation_checkpointing(model: Transformer) -> None:
         model.layers[key] = checkpoint_wrapper(block, preserve_rng_state=False)
 
 
-def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
+def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool = False) -> None:
     """The Megatron split of every block plus vocabulary-parallel embedding and output.
 
     `model` is a Transformer, or one pipeline stage of it (elastic/model/stages.py
@@ -55,7 +112,11 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     and output on the last only). A stage's residual stream leaves its last block whole (plain
     tensors cross between stages) and enters a later stage's first block as this rank's
     sequence shard; a tied last stage's own copy of the embedding is vocabulary-sharded like
-    the embedding itself, so the two copies' local shards pair up rank by rank."""
+    the embedding itself, so the two copies' local shards pair up rank by rank.
+
+    `loss_parallel`: the vocabulary-split output leaves its logits sharded for a loss-parallel
+    cross-entropy (module doc); `model._elastic_loss_parallel` says whether that happened (not
+    for an output too narrow to split)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, PrepareModuleInputOutput,
                                                    PrepareModuleOutput, RowwiseParallel, SequenceParallel,
@@ -85,8 +146,13 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
     else:
         plan[f"layers.{names[0]}"] = PrepareModuleInput(**enter, use_local_output=False)
     split_output = output is not None and output.weight.shape[0] % tp == 0 and not tied_here
+    # Logits out of the vocabulary split: gathered whole, or (loss parallelism) left as
+    # vocabulary shards for `_gather_logits` to gather unless a loss-parallel loss takes them.
+    sharded = loss_parallel and (split_output or tied_here)
+    logits = (dict(output_layouts=Shard(-1), use_local_output=False) if sharded
+              else dict(output_layouts=Replicate(), use_local_output=True))
     if split_output:
-        plan["output"] = ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True)
+        plan["output"] = ColwiseParallel(input_layouts=Replicate(), **logits)
     parallelize_module(model, tp_mesh, plan)
     # The final norm (and an output too narrow to split, e.g. a reward model's scalar head) run
     # whole on every tp rank: their weights become Replicate DTensors on the tp axis, so every
@@ -121,7 +187,10 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh: DeviceMesh) -> None:
         # The output shares the embedding's vocabulary-sharded weight: project the gathered
         # stream onto this rank's vocabulary rows and gather the logits.
         model.tie_weights()
-        parallelize_module(model, tp_mesh, {"output": _TiedColwise()})
+        parallelize_module(model, tp_mesh, {"output": _TiedColwise(**logits)})
+    if sharded:
+        output.register_forward_hook(_gather_logits)
+    model._elastic_loss_parallel = sharded
 
 
 def _replicated(module: torch.nn.Module, tp_mesh: DeviceMesh, input_layout=None) -> None:
@@ -148,7 +217,7 @@ class _TiedColwise:
     """ColwiseParallel for an output layer whose weight is already the embedding's Shard(0)
     DTensor (tied embeddings): distribute only its input and output."""
 
-    def __new__(cls):
+    def __new__(cls, **logits):
         from torch.distributed.tensor import Replicate
         from torch.distributed.tensor.parallel import ColwiseParallel
 
@@ -156,12 +225,14 @@ class _TiedColwise:
             def _partition_linear_fn(self, name, module, device_mesh):
                 pass  # the weight is the embedding's, sharded already
 
-        return Tied(input_layouts=Replicate(), output_layouts=Replicate(), use_local_output=True)
+        return Tied(input_layouts=Replicate(), **logits)
 
 
 def parallelize(model: torch.nn.Module, device: torch.device, param_dtype: torch.dtype, activation_checkpointing: str = "none",
-                mesh: Optional[WorkerMesh] = None, ignored_params: Optional[set] = None) -> torch.nn.Module:
+                mesh: Optional[WorkerMesh] = None, ignored_params: Optional[set] = None,
+                loss_parallel: bool = True) -> torch.nn.Module:
     """`mesh`: the worker's mesh (mesh.py); default a 1-D mesh over every rank (FSDP).
+    `loss_parallel`: under tp, the LM loss takes vocabulary-sharded logits (module doc).
     `ignored_params`: parameters FSDP leaves whole on every rank (QLoRA's frozen NF4 base,
     elastic/model/quantize.py). `model` is a Transformer, or a pipeline rank's stages
     (elastic/train/pipeline.py `StageModel`: the same attribute names, a subset of the layers)."""
@@ -169,7 +240,7 @@ def parallelize(model: torch.nn.Module, device: torch.device, param_dtype: torch
         mesh = WorkerMesh.build(device.type, layout_for(dist.get_world_size()))
     layout = mesh.layout
     if layout.tp > 1:
-        apply_tensor_parallel(model, mesh.tp)
+        apply_tensor_parallel(model, mesh.tp, loss_parallel)
     if activation_checkpointing == "full":
         apply_activation_checkpointing(model)
     fsdp_mesh = mesh.fsdp

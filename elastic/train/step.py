@@ -26,10 +26,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from elastic.data.packing import IGNORE
 from elastic.model.attention import build_attention_metadata, host_doc_spans
 from elastic.train.comm import Comm
+from elastic.train.parallelize import loss_parallel_scope, sharded_logits
 from elastic.train.timing import StepTimer
 
 Micro = Dict[str, Any]  # tensors on the device, plus "_max_seqlen" (int; see to_device)
@@ -52,10 +54,18 @@ def batch_attention(model: torch.nn.Module, mb: Micro):
 
 
 def causal_lm_loss(model: torch.nn.Module, mb: Micro) -> LossOutput:
-    """Token cross-entropy summed over the targets packing marked (`labels` != IGNORE)."""
+    """Token cross-entropy summed over the targets packing marked (`labels` != IGNORE).
+
+    Under tensor parallelism with parallel.loss_parallel (inside train_step's
+    `loss_parallel_scope`) the logits stay vocabulary-sharded, [b, T, V/tp] per rank, and the
+    cross-entropy runs on the shards (elastic/train/parallelize.py): the same sum, no rank
+    holding the full-vocabulary logits."""
     meta = batch_attention(model, mb)
-    logits = model(mb["tokens"], mb["positions"], mb["doc_ids"], meta)
+    with sharded_logits():
+        logits = model(mb["tokens"], mb["positions"], mb["doc_ids"], meta)
     loss = F.cross_entropy(logits.float().flatten(0, 1), mb["labels"].flatten().long(), ignore_index=IGNORE, reduction="sum")
+    if isinstance(loss, DTensor):  # loss parallel: the sum is already complete on every tp rank (Replicate)
+        loss = loss.to_local()
     return LossOutput(loss, {"loss_sum": loss.detach()})
 
 
@@ -141,11 +151,12 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, micro_b
         if hasattr(model, "set_requires_gradient_sync"):
             # FSDP2: reduce-scatter gradients only after the last micro-batch.
             model.set_requires_gradient_sync(m == n_micro - 1)
-        with timer.phase("forward"):
-            out = loss_fn(model, mb)
-            loss = out.loss_sum * float("nan") if poison else out.loss_sum
-        with timer.phase("backward"):
-            (loss * scale).backward()
+        with loss_parallel_scope(model):  # tp: a loss-parallel loss's backward must run inside it too
+            with timer.phase("forward"):
+                out = loss_fn(model, mb)
+                loss = out.loss_sum * float("nan") if poison else out.loss_sum
+            with timer.phase("backward"):
+                (loss * scale).backward()
         for k, v in out.stats.items():
             v = v * float("nan") if (poison and k == "loss_sum") else v
             sums[k] = sums[k] + v.detach().double() if k in sums else v.detach().double()
